@@ -1,0 +1,6 @@
+"""LightningModules of ripieno's methods."""
+
+from framework.methods.loss_terms import LossTermsMixin
+from framework.methods.tabular_ensemble import TabularEnsembleModule
+
+__all__ = ["LossTermsMixin", "TabularEnsembleModule"]

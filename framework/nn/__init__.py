@@ -1,0 +1,20 @@
+"""Torch layers without Lightning: ensemble linear layers, embeddings, backbones."""
+
+from framework.nn.embeddings import (
+    OneHotEncoding,
+    PiecewiseLinearEmbeddings,
+    PiecewiseLinearEncoding,
+    compute_bins,
+)
+from framework.nn.ensemble_linear import ADAPTERS, EnsembleLinear
+from framework.nn.tabular_backbone import TabularEnsembleNet
+
+__all__ = [
+    "ADAPTERS",
+    "EnsembleLinear",
+    "OneHotEncoding",
+    "PiecewiseLinearEmbeddings",
+    "PiecewiseLinearEncoding",
+    "TabularEnsembleNet",
+    "compute_bins",
+]

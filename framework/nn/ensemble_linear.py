@@ -1,0 +1,302 @@
+"""Linear layers for K ensemble members that share (part of) one weight matrix.
+
+Every layer maps member inputs ``(B, K, in_features)`` to member outputs
+``(B, K, out_features)`` without a Python loop over members. The member weight
+``W_k`` (shape ``(out, in)``, PyTorch convention) depends on the adapter:
+
+=============  =====================================  ==========================
+adapter        W_k                                    per-member parameters
+=============  =====================================  ==========================
+``shared``     ``W``                                  none (one bias)
+``rank1``      ``W * (s_k r_k^T)``  (TabM)            ``r_k``, ``s_k``, bias
+``lometab``    ``W * (1 + A_k B_k^T)``                ``A_k``, ``B_k``, bias
+``additive``   ``W + A_k B_k^T``                      ``A_k``, ``B_k``, bias
+``packed``     ``W_k`` independent (deep ensemble)    everything
+=============  =====================================  ==========================
+
+``A_k`` is ``(out, rank)`` and ``B_k`` is ``(in, rank)``.
+
+Initialisation (documented because it sets the initial diversity):
+
+* ``W`` and every bias: ``U(-1/sqrt(in), 1/sqrt(in))`` as in ``tabm``; member biases
+  start identical (one draw copied to all K), so members differ only by adapters.
+* ``lometab``: entries of ``A_k`` and ``B_k`` are i.i.d. ``N(0, sigma_init / sqrt(rank))``
+  (std ``sqrt(sigma_init) * rank**-0.25``), so each entry of ``A_k B_k^T`` has mean 0 and
+  standard deviation exactly ``sigma_init`` for every rank: the multiplicative
+  perturbation of ``W`` has relative size ``sigma_init``.
+* ``additive``: as ``lometab`` times ``1/sqrt(3 * in)`` (the standard deviation of
+  ``W``'s entries), so the *relative* perturbation of ``W`` at init matches ``lometab``
+  with the same ``sigma_init``; this makes the ablation a like-for-like comparison.
+* ``rank1``: ``r`` and ``s`` by ``rank1_init`` (``ones``, ``random-signs`` or ``normal``),
+  with optional chunks as in ``tabm.LinearBatchEnsemble``.
+* ``packed``: each member like ``W`` with its own draw.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+Adapter = Literal["shared", "rank1", "lometab", "additive", "packed"]
+ScalingInit = Literal["ones", "random-signs", "normal"]
+Compute = Literal["auto", "factored", "materialized"]
+ADAPTERS: tuple[str, ...] = ("shared", "rank1", "lometab", "additive", "packed")
+
+
+class _LoMEMatmul(torch.autograd.Function):
+    """``y_k = x_k (W * (1 + A_k B_k^T))^T`` for all members, with hand-written derivatives.
+
+    Plain autograd keeps several ``(K, out, in)`` temporaries alive and runs about twice
+    as many memory-bound passes; this Function stores one (the member weights) and
+    recomputes ``A_k B_k^T`` (a cheap rank-r product) in backward. It supports forward
+    mode (``jvp``) and ``torch.func`` transforms. Under autocast it computes in the
+    autocast dtype and returns gradients in each input's own dtype.
+    """
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x: Tensor, w: Tensor, a: Tensor, b: Tensor) -> Tensor:  # x: (K, B, in)
+        member_w = torch.bmm(a, b.transpose(1, 2)).add_(1.0).mul_(w)  # (K, out, in)
+        return torch.bmm(x, member_w.transpose(1, 2))
+
+    @staticmethod
+    def setup_context(ctx, inputs: tuple[Tensor, ...], output: Tensor) -> None:  # noqa: ANN001
+        x, w, a, b = inputs
+        ctx.save_for_backward(x, w, a, b)
+
+    @staticmethod
+    def backward(ctx, grad_y: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # noqa: ANN001
+        x, w, a, b = ctx.saved_tensors
+        grad_y = grad_y.to(x.dtype)
+        one_plus_m = torch.bmm(a, b.transpose(1, 2)).add_(1.0)
+        grad_x = torch.bmm(grad_y, one_plus_m * w)
+        grad_member_w = torch.bmm(grad_y.transpose(1, 2), x)  # (K, out, in)
+        grad_w = (grad_member_w * one_plus_m).sum(0)
+        grad_m = grad_member_w.mul_(w)
+        return grad_x, grad_w, torch.bmm(grad_m, b), torch.bmm(grad_m.transpose(1, 2), a)
+
+    @staticmethod
+    def jvp(ctx, dx: Tensor, dw: Tensor, da: Tensor, db: Tensor) -> Tensor:  # noqa: ANN001
+        x, w, a, b = ctx.saved_tensors
+        one_plus_m = torch.bmm(a, b.transpose(1, 2)).add_(1.0)
+        d_member_w = one_plus_m * dw + w * (
+            torch.bmm(da, b.transpose(1, 2)) + torch.bmm(a, db.transpose(1, 2))
+        )
+        return torch.bmm(dx, (one_plus_m * w).transpose(1, 2)) + torch.bmm(
+            x, d_member_w.transpose(1, 2)
+        )
+
+
+def _lometab_matmul(x: Tensor, w: Tensor, a: Tensor, b: Tensor) -> Tensor:
+    """Run ``_LoMEMatmul`` on ``(B, K, in)`` inputs, honouring autocast by explicit casts."""
+    device_type = x.device.type
+    if torch.is_autocast_enabled(device_type):
+        dtype = torch.get_autocast_dtype(device_type)
+        with torch.autocast(device_type, enabled=False):
+            y = _LoMEMatmul.apply(
+                x.transpose(0, 1).to(dtype), w.to(dtype), a.to(dtype), b.to(dtype)
+            )
+    else:
+        y = _LoMEMatmul.apply(x.transpose(0, 1), w, a, b)
+    return y.transpose(0, 1)
+
+
+def _init_rsqrt_uniform_(tensor: Tensor, d: int) -> Tensor:
+    bound = d**-0.5
+    return nn.init.uniform_(tensor, -bound, bound)
+
+
+@torch.no_grad()
+def init_scaling_(tensor: Tensor, kind: ScalingInit, chunks: list[int] | None = None) -> Tensor:
+    """Initialise a ``(K, d)`` scaling tensor like ``tabm.init_scaling_``.
+
+    Args:
+        tensor: the scaling parameter, shape ``(K, d)``.
+        kind: ``ones``, ``random-signs`` (+-1 with equal probability) or ``normal``.
+        chunks: optional sizes summing to ``d``; all entries of one chunk of one member
+            share one random value (TabM uses one chunk per input feature embedding).
+
+    Returns:
+        The tensor, initialised in place.
+    """
+
+    def draw(t: Tensor) -> Tensor:
+        if kind == "ones":
+            return t.fill_(1.0)
+        if kind == "normal":
+            return t.normal_()
+        if kind == "random-signs":
+            return t.bernoulli_(0.5).mul_(2).sub_(1)
+        raise ValueError(f"Unknown scaling init {kind!r}; use 'ones', 'random-signs' or 'normal'.")
+
+    if chunks is None:
+        return draw(tensor)
+    if sum(chunks) != tensor.shape[-1]:
+        raise ValueError(f"chunks sum to {sum(chunks)}, but the scaling has {tensor.shape[-1]}.")
+    start = 0
+    for size in chunks:
+        tensor[..., start : start + size] = draw(tensor.new_empty(*tensor.shape[:-1], 1))
+        start += size
+    return tensor
+
+
+class EnsembleLinear(nn.Module):
+    """A linear layer for K members, parametrised by one of five adapters.
+
+    Shape:
+        input ``(B, K, in_features)``, output ``(B, K, out_features)``.
+
+    ``lometab`` has two exact evaluation orders: ``materialized`` builds the K member
+    weights ``W * (1 + A_k B_k^T)`` and runs one batched matmul; ``factored`` runs
+    ``rank + 1`` shared matmuls on inputs scaled by the columns of ``B_k`` and
+    recombines them with ``A_k`` (never forming K weights). ``auto`` picks by shape: the
+    factored form costs about ``batch * rank`` extra multiply-adds per weight entry, the
+    materialised form a fixed cost for K weight copies, so factored wins for small
+    ``batch * (rank + 1)`` (inference on a few rows); see ``uses_factored``.
+
+    Args:
+        in_features: input size of each member.
+        out_features: output size of each member.
+        k: number of members.
+        adapter: ``shared``, ``rank1``, ``lometab``, ``additive`` or ``packed``.
+        rank: rank ``r`` of ``A_k B_k^T`` (``lometab``/``additive``).
+        sigma_init: standard deviation of the entries of ``A_k B_k^T`` at init
+            (``lometab``); ``additive`` uses the same relative size (module docstring).
+        bias: whether the layer has biases (one per member unless ``shared``).
+        rank1_init: ``(r_init, s_init)`` for ``rank1``.
+        rank1_chunks: chunks for the initialisation of ``r`` (``rank1`` only).
+        compute: ``auto``, ``factored`` or ``materialized`` for ``lometab``/``additive``.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        k: int,
+        adapter: Adapter = "lometab",
+        rank: int = 4,
+        sigma_init: float = 0.3,
+        bias: bool = True,
+        rank1_init: tuple[ScalingInit, ScalingInit] = ("random-signs", "ones"),
+        rank1_chunks: list[int] | None = None,
+        compute: Compute = "auto",
+    ) -> None:
+        super().__init__()
+        if adapter not in ADAPTERS:
+            raise ValueError(f"Unknown adapter {adapter!r}; choose one of {ADAPTERS}.")
+        for name, value in (("in_features", in_features), ("out_features", out_features),
+                            ("k", k), ("rank", rank)):
+            if int(value) < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value}.")
+        if sigma_init < 0:
+            raise ValueError(f"sigma_init must be >= 0, got {sigma_init}.")
+        if compute not in ("auto", "factored", "materialized"):
+            raise ValueError(f"compute must be 'auto', 'factored' or 'materialized', got {compute!r}.")
+        self.in_features, self.out_features, self.k = in_features, out_features, k
+        self.adapter: Adapter = adapter
+        self.rank, self.sigma_init = rank, sigma_init
+        self.rank1_init, self.rank1_chunks, self.compute = rank1_init, rank1_chunks, compute
+
+        if adapter == "packed":
+            self.weight = nn.Parameter(torch.empty(k, out_features, in_features))
+        else:
+            self.weight = nn.Parameter(torch.empty(out_features, in_features))
+        if adapter == "rank1":
+            self.r = nn.Parameter(torch.empty(k, in_features))
+            self.s = nn.Parameter(torch.empty(k, out_features))
+        if adapter in ("lometab", "additive"):
+            self.adapter_a = nn.Parameter(torch.empty(k, out_features, rank))
+            self.adapter_b = nn.Parameter(torch.empty(k, in_features, rank))
+        bias_shape = (out_features,) if adapter == "shared" else (k, out_features)
+        self.bias = nn.Parameter(torch.empty(bias_shape)) if bias else None
+        self.reset_parameters()
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """Initialise every parameter as documented in the module docstring."""
+        _init_rsqrt_uniform_(self.weight, self.in_features)
+        if self.bias is not None:
+            if self.adapter == "packed":
+                _init_rsqrt_uniform_(self.bias, self.in_features)
+            else:
+                draw = _init_rsqrt_uniform_(self.bias.new_empty(self.out_features), self.in_features)
+                self.bias.copy_(draw.expand_as(self.bias))
+        if self.adapter == "rank1":
+            init_scaling_(self.r, self.rank1_init[0], self.rank1_chunks)
+            init_scaling_(self.s, self.rank1_init[1])
+        if self.adapter in ("lometab", "additive"):
+            std = math.sqrt(self.sigma_init) * self.rank**-0.25
+            if self.adapter == "additive":
+                std *= (3 * self.in_features) ** -0.25  # each factor carries sqrt of std(W)
+            nn.init.normal_(self.adapter_a, 0.0, std)
+            nn.init.normal_(self.adapter_b, 0.0, std)
+
+    def extra_repr(self) -> str:
+        """Summarise the configuration for ``print(module)``."""
+        text = f"{self.in_features}, {self.out_features}, k={self.k}, adapter={self.adapter}"
+        if self.adapter in ("lometab", "additive"):
+            text += f", rank={self.rank}, sigma_init={self.sigma_init}, compute={self.compute}"
+        return text + f", bias={self.bias is not None}"
+
+    def effective_weight(self) -> Tensor:
+        """Return the member weights ``W_k`` stacked as ``(K, out, in)``."""
+        w = self.weight
+        if self.adapter == "packed":
+            return w
+        if self.adapter == "shared":
+            return w.expand(self.k, -1, -1)
+        if self.adapter == "rank1":
+            return w * (self.s[:, :, None] * self.r[:, None, :])
+        low_rank = self.adapter_a @ self.adapter_b.transpose(1, 2)  # (K, out, in)
+        return w * (1.0 + low_rank) if self.adapter == "lometab" else w + low_rank
+
+    def effective_bias(self) -> Tensor | None:
+        """Return the member biases ``(K, out)`` (or ``None`` without bias)."""
+        if self.bias is None:
+            return None
+        return self.bias.expand(self.k, -1) if self.adapter == "shared" else self.bias
+
+    def uses_factored(self, batch_size: int) -> bool:
+        """Whether ``forward`` evaluates ``lometab`` in factored form for this batch size."""
+        if self.compute != "auto":
+            return self.compute == "factored"
+        # Both costs scale with K*out*in: materialised ~ c1 + c2*batch, factored
+        # ~ c3*batch*(rank+1); measured crossover (bench/ensemble_linear.py, CPU, K=32,
+        # d=512, ranks 1-16) at batch*(rank+1) of about 120-130 for every rank.
+        return batch_size * (self.rank + 1) <= 128
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Map ``(B, K, in_features)`` to ``(B, K, out_features)``."""
+        if x.ndim != 3 or x.shape[1] != self.k or x.shape[2] != self.in_features:
+            raise ValueError(
+                f"EnsembleLinear expects input of shape (batch, {self.k}, {self.in_features}),"
+                f" got {tuple(x.shape)}; expand a (batch, d) input with x[:, None].expand(-1, k, -1)."
+            )
+        if self.adapter == "shared":
+            return nn.functional.linear(x, self.weight, self.bias)
+        if self.adapter == "rank1":
+            y = ((x * self.r) @ self.weight.T) * self.s
+        elif self.adapter == "packed":
+            y = torch.bmm(x.transpose(0, 1), self.weight.transpose(1, 2)).transpose(0, 1)
+        elif self.adapter == "additive" and self.compute != "materialized":
+            # W x + A_k (B_k^T x): one shared matmul plus two thin per-member products.
+            proj = torch.einsum("bki,kir->bkr", x, self.adapter_b)
+            y = x @ self.weight.T + torch.einsum("bkr,kor->bko", proj, self.adapter_a)
+        elif self.adapter == "lometab" and self.uses_factored(x.shape[0]):
+            # W_k x = W x + sum_j a_kj * (W (b_kj * x)): rank + 1 shared matmuls.
+            ones_b = self.adapter_b.new_ones(self.k, self.in_features, 1)
+            ones_a = self.adapter_a.new_ones(self.k, self.out_features, 1)
+            b_aug = torch.cat([ones_b, self.adapter_b], dim=2)  # (K, in, r+1)
+            a_aug = torch.cat([ones_a, self.adapter_a], dim=2)  # (K, out, r+1)
+            scaled = x[:, :, None, :] * b_aug.transpose(1, 2)  # (B, K, r+1, in)
+            y = torch.einsum("bkro,kor->bko", scaled @ self.weight.T, a_aug)
+        elif self.adapter == "lometab":
+            y = _lometab_matmul(x, self.weight, self.adapter_a, self.adapter_b)
+        else:
+            w = self.effective_weight()
+            y = torch.bmm(x.transpose(0, 1), w.transpose(1, 2)).transpose(0, 1)
+        return y if self.bias is None else y + self.bias
