@@ -262,7 +262,7 @@ class TabularDataModule(L.LightningDataModule):
             num_feature_names=numeric, cat_feature_names=list(categorical),
             class_names=class_names,
         )
-        y_tensor = torch.as_tensor(y, dtype=torch.float32 if task == "regression" else torch.long)
+        y_tensor = torch.tensor(y, dtype=torch.float32 if task == "regression" else torch.long)
         x_num_t = torch.as_tensor(x_num, dtype=torch.float32)
         x_cat_t = torch.as_tensor(codes, dtype=torch.long)
         for name, rows in (("train", train_idx), ("val", val_idx), ("test", test_idx)):
@@ -447,8 +447,10 @@ def _encode_categories(frame: pd.DataFrame, train: np.ndarray) -> tuple[np.ndarr
     cardinalities = []
     for j, name in enumerate(frame.columns):
         categories = sorted(frame[name].iloc[train].unique())
-        col = pd.Categorical(frame[name], categories=categories).codes.astype(np.int64)
-        unknown = col < 0
+        lookup = {category: code for code, category in enumerate(categories)}
+        mapped = frame[name].map(lookup)
+        unknown = mapped.isna().to_numpy()
+        col = mapped.fillna(-1).to_numpy(dtype=np.int64, copy=True)
         if unknown.any():
             rank_zero_warn(
                 f"Categorical column {name!r}: {int(unknown.sum())} val/test row(s) have categories"
