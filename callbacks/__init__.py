@@ -1,5 +1,6 @@
 """Lightning callbacks that work with ripieno's modules and with users' own."""
 
 from callbacks.diversity_monitor import DiversityMonitor
+from callbacks.prediction_writer import MemberPredictionWriter
 
-__all__ = ["DiversityMonitor"]
+__all__ = ["DiversityMonitor", "MemberPredictionWriter"]

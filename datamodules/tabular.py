@@ -248,7 +248,9 @@ class TabularDataModule(L.LightningDataModule):
                 raise TabularDataError(str(err)) from err
             bins = [e.tolist() for e in edges]
         elif hp.numeric_embedding not in ("ple", "none"):
-            raise TabularDataError(f"numeric_embedding must be 'ple' or 'none', got {hp.numeric_embedding!r}.")
+            raise TabularDataError(
+                f"numeric_embedding must be 'ple' or 'none', got {hp.numeric_embedding!r}."
+            )
         codes, cardinalities = _encode_categories(x_cat_raw, train_idx)
 
         mean = float(y[train_idx].mean()) if task == "regression" else 0.0

@@ -18,8 +18,8 @@ from torch import Tensor, nn
 
 from framework.methods.loss_terms import LossTermsMixin
 from framework.methods.rng_state import RNGStateMixin
-from framework.nn.ensemble_linear import Adapter, Compute, EnsembleLinear, ScalingInit
 from framework.nn.embeddings import PiecewiseLinearEmbeddings
+from framework.nn.ensemble_linear import Adapter, Compute, EnsembleLinear, ScalingInit
 from framework.nn.tabular_backbone import AdapterLayers, TabularEnsembleNet
 from framework.tabular_spec import TabularSpec
 
@@ -100,8 +100,10 @@ class TabularEnsembleModule(LossTermsMixin, RNGStateMixin, L.LightningModule):
         return self.net(x_num, x_cat)
 
     def member_predictions(self, raw: Tensor) -> Tensor:
-        """Member outputs for users: probabilities ``(B, K, C)`` or regression values in the
-        modelled target's units ``(B, K)``."""
+        """Member outputs for users: probabilities ``(B, K, C)`` or regression values ``(B, K)``.
+
+        Regression values are in the modelled target's units (standardisation undone).
+        """
         if self.task == "regression":
             return raw[..., 0].float() * self.spec.target_std + self.spec.target_mean
         if self.task == "binary":
@@ -110,8 +112,11 @@ class TabularEnsembleModule(LossTermsMixin, RNGStateMixin, L.LightningModule):
         return torch.softmax(raw.float(), dim=-1)
 
     def predict_ensemble(self, raw: Tensor) -> Tensor:
-        """Ensemble prediction from raw member outputs: mean of member probabilities
-        ``(B, C)``, or mean member output ``(B,)`` in the modelled target's units."""
+        """Ensemble prediction from raw member outputs.
+
+        Mean of member probabilities ``(B, C)``, or mean member output ``(B,)`` in the
+        modelled target's units.
+        """
         return self.member_predictions(raw).mean(dim=1)
 
     def to_original_units(self, y: Tensor) -> Tensor:

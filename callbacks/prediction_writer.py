@@ -1,0 +1,69 @@
+"""MemberPredictionWriter: write ensemble and member predictions from ``predict``.
+
+Works with any module whose ``predict_step`` returns a dict of tensors with the batch on
+axis 0 (ripieno's modules return ``prediction`` and ``member_predictions (B, K, ...)``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import pandas as pd
+import torch
+from lightning.pytorch.callbacks import BasePredictionWriter
+from typing_extensions import override
+
+
+class MemberPredictionWriter(BasePredictionWriter):
+    """Save predictions at the end of ``predict`` as ``.pt`` (all keys) and ``.csv``.
+
+    ``predictions.pt`` holds every key of the step outputs concatenated over batches
+    (member axis kept); ``predictions.csv`` holds the ensemble ``prediction`` (one column
+    per class for probabilities). Under DDP each rank writes ``predictions_rank{r}.*``
+    with the dataset indices it predicted, so nothing is lost or duplicated silently.
+
+    Args:
+        output_dir: folder for the files; default: the trainer's log dir (or root dir).
+        csv_key: key written to the CSV, or ``None`` to skip the CSV.
+    """
+
+    def __init__(self, output_dir: str | None = None, csv_key: str | None = "prediction") -> None:
+        super().__init__(write_interval="epoch")
+        self.output_dir = output_dir
+        self.csv_key = csv_key
+        self.written: list[Path] = []
+
+    @override
+    def write_on_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule,
+                           predictions: Sequence[Any], batch_indices: Sequence[Any]) -> None:
+        batches = predictions[0] if predictions and isinstance(predictions[0], list) else predictions
+        if not batches:
+            return
+        if not isinstance(batches[0], dict):
+            raise TypeError(
+                "MemberPredictionWriter needs predict_step to return a dict of tensors, got"
+                f" {type(batches[0]).__name__}."
+            )
+        merged = {key: torch.cat([b[key].detach().cpu() for b in batches]) for key in batches[0]}
+        indices = batch_indices[0] if batch_indices and isinstance(batch_indices[0], list) else batch_indices
+        if indices:
+            merged["index"] = torch.as_tensor([i for batch in indices for i in batch])
+        folder = Path(self.output_dir or trainer.log_dir or trainer.default_root_dir)
+        folder.mkdir(parents=True, exist_ok=True)
+        stem = "predictions" if trainer.world_size == 1 else f"predictions_rank{trainer.global_rank}"
+        torch.save(merged, folder / f"{stem}.pt")
+        self.written = [folder / f"{stem}.pt"]
+        if self.csv_key is not None and self.csv_key in merged:
+            values = merged[self.csv_key].float()
+            values = values[:, None] if values.ndim == 1 else values.flatten(1)
+            columns = [self.csv_key] if values.shape[1] == 1 else [
+                f"{self.csv_key}_{j}" for j in range(values.shape[1])]
+            frame = pd.DataFrame(values.numpy(), columns=columns)
+            if "index" in merged:
+                frame.insert(0, "index", merged["index"].numpy())
+            frame.to_csv(folder / f"{stem}.csv", index=False)
+            self.written.append(folder / f"{stem}.csv")
+        print(f"ripieno: predictions written to {', '.join(map(str, self.written))}", flush=True)
