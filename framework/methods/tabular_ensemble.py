@@ -39,7 +39,8 @@ class TabularEnsembleModule(LossTermsMixin, RNGStateMixin, L.LightningModule):
         k: number of members (1 = plain MLP).
         adapter: hidden-layer adapter: ``lometab``, ``rank1`` (TabM), ``additive``,
             ``shared`` (no adapter) or ``packed`` (deep ensemble).
-        adapter_layers: adapt ``all`` hidden layers or the ``first`` only (TabM-mini).
+        adapter_layers: adapt ``all`` hidden layers, the ``first`` only, or ``mini``
+            (TabM-mini: one per-member input scaling before a fully shared MLP).
         n_blocks: hidden layers.
         d_block: hidden width.
         dropout: dropout rate.

@@ -14,9 +14,16 @@ import torch
 from torch import Tensor, nn
 
 from framework.nn.embeddings import OneHotEncoding, PiecewiseLinearEmbeddings
-from framework.nn.ensemble_linear import ADAPTERS, Adapter, Compute, EnsembleLinear, ScalingInit
+from framework.nn.ensemble_linear import (
+    ADAPTERS,
+    Adapter,
+    Compute,
+    EnsembleLinear,
+    ScalingInit,
+    init_scaling_,
+)
 
-AdapterLayers = Literal["all", "first"]
+AdapterLayers = Literal["all", "first", "mini"]
 
 
 class TabularEnsembleNet(nn.Module):
@@ -74,8 +81,8 @@ class TabularEnsembleNet(nn.Module):
         super().__init__()
         if adapter not in ADAPTERS:
             raise ValueError(f"Unknown adapter {adapter!r}; choose one of {ADAPTERS}.")
-        if adapter_layers not in ("all", "first"):
-            raise ValueError(f"adapter_layers must be 'all' or 'first', got {adapter_layers!r}.")
+        if adapter_layers not in ("all", "first", "mini"):
+            raise ValueError(f"adapter_layers must be 'all', 'first' or 'mini', got {adapter_layers!r}.")
         if n_num_features + len(cat_cardinalities) == 0:
             raise ValueError("The network needs at least one numeric or categorical feature.")
         if n_blocks < 1:
@@ -99,8 +106,15 @@ class TabularEnsembleNet(nn.Module):
 
         layers: list[nn.Module] = []
         d_in = d_num + d_cat
+        self.input_scaling: nn.Parameter | None = None
+        if adapter_layers == "mini":
+            self.input_scaling = nn.Parameter(torch.empty(k, d_in))
+            init_scaling_(self.input_scaling, rank1_init, chunks)
         for i in range(n_blocks):
-            layer_adapter = adapter if (adapter_layers == "all" or i == 0) else "shared"
+            if adapter_layers == "mini":
+                layer_adapter: Adapter = "shared"
+            else:
+                layer_adapter = adapter if (adapter_layers == "all" or i == 0) else "shared"
             first_init: ScalingInit = rank1_init if i == 0 else "ones"
             layers += [
                 EnsembleLinear(
@@ -128,4 +142,6 @@ class TabularEnsembleNet(nn.Module):
         if self.cat_encoding is not None and x_cat is not None:
             parts.append(self.cat_encoding(x_cat)[:, None, :].expand(-1, self.k, -1))
         x = torch.cat(parts, dim=-1) if len(parts) > 1 else parts[0]
+        if self.input_scaling is not None:
+            x = x * self.input_scaling
         return self.head(self.blocks(x))
