@@ -6,6 +6,8 @@ runs unchanged. Extras over plain LightningCLI:
 
 * ``data.spec`` (what the datamodule learned from its training split) is linked into
   ``model.data_spec`` at instantiation, so data errors surface before training;
+* with ``tensorboard`` installed, TensorBoard events are written beside the CSV logs
+  (``--tensorboard false`` turns this off);
 * ``--test_after_fit true`` (the recipes' default) tests the best checkpoint after
   ``fit`` and prints the test metrics and where the logs, checkpoint and config went.
 """
@@ -17,10 +19,12 @@ import os
 os.environ.setdefault("JSONARGPARSE_DEPRECATION_WARNINGS", "off")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+import importlib.util  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI  # noqa: E402
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger  # noqa: E402
 
 
 class RipienoCLI(LightningCLI):
@@ -35,6 +39,23 @@ class RipienoCLI(LightningCLI):
             "--test_after_fit", type=bool, default=False,
             help="After fit, test the best checkpoint and print where outputs went.",
         )
+        parser.add_argument(
+            "--tensorboard", type=bool, default=True,
+            help="When tensorboard is installed, also write TensorBoard events beside the CSV logs.",
+        )
+
+    def before_fit(self) -> None:
+        """Add a TensorBoard logger writing into the CSV logger's folder, when installed."""
+        config = self.config.get(self.subcommand, self.config)
+        if not config.get("tensorboard", True) or importlib.util.find_spec("tensorboard") is None:
+            return
+        loggers = list(self.trainer.loggers)
+        csv = next((lg for lg in loggers if isinstance(lg, CSVLogger)), None)
+        if csv is None or any(isinstance(lg, TensorBoardLogger) for lg in loggers):
+            return
+        loggers.append(TensorBoardLogger(save_dir=csv.save_dir, name=csv.name, version=csv.version,
+                                         default_hp_metric=False))
+        self.trainer.loggers = loggers
 
     def after_fit(self) -> None:
         """Optionally test the best checkpoint, then summarise the run's outputs."""
@@ -53,6 +74,8 @@ class RipienoCLI(LightningCLI):
                 lines.append(f"  {name:<32} {value:.6g}")
             log_dir = trainer.log_dir or trainer.default_root_dir
             lines.append(f"ripieno: logs       {log_dir}")
+            if any(isinstance(lg, TensorBoardLogger) for lg in trainer.loggers):
+                lines.append(f"ripieno: view with  tensorboard --logdir {log_dir}")
             if checkpoint is not None:
                 lines.append(f"ripieno: checkpoint {best or '(none saved)'}")
                 if checkpoint.last_model_path:

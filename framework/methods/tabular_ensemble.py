@@ -170,6 +170,16 @@ class TabularEnsembleModule(LossTermsMixin, RNGStateMixin, L.LightningModule):
             pred = self.to_original_units(pred)
         return {"prediction": pred, "member_predictions": self.member_predictions(raw)}
 
+    def on_validation_epoch_start(self) -> None:
+        """Start from empty metric states (a ``ddp_spawn`` fit hands back synced ones)."""
+        for metric in self.metrics["val_"].values():
+            metric.reset()
+
+    def on_test_epoch_start(self) -> None:
+        """Start from empty metric states."""
+        for metric in self.metrics["test_"].values():
+            metric.reset()
+
     def _eval_step(self, batch: dict[str, Tensor], stage: str) -> dict[str, Tensor]:
         out = self._step(batch)
         raw, y = out.pop("raw"), batch["y"]
