@@ -122,3 +122,16 @@ def test_checkpoint_loads_with_weights_only(tmp_path):
 def test_spec_type_error_names_the_fix():
     with pytest.raises(TypeError, match="datamodule.spec"):
         TabularEnsembleModule(data_spec=[1, 2])
+
+
+def test_validate_before_fit_then_fit(tmp_path):
+    """A standalone validate (inference mode) must not leave metric states that break fit."""
+    dm = TabularDataModule("mlc_churn", max_rows=400, n_bins=6, batch_size=64)
+    model = TabularEnsembleModule(dm.spec, k=3, d_block=16)
+    trainer = L.Trainer(max_epochs=1, logger=False, enable_progress_bar=False,
+                        enable_model_summary=False, enable_checkpointing=False,
+                        default_root_dir=tmp_path)
+    before = trainer.validate(model, datamodule=dm, verbose=False)[0]
+    trainer.fit(model, datamodule=dm)
+    after = trainer.validate(model, datamodule=dm, verbose=False)[0]
+    assert set(before) == set(after) and after["val/nll"] != before["val/nll"]

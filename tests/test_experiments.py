@@ -1,0 +1,124 @@
+"""Smoke tests of framework.experiments on a tiny grid, with behavioural oracles."""
+
+import csv
+from pathlib import Path
+
+import pytest
+
+from framework.experiments import diversity_over_training, diversity_sweep
+from framework.experiments.runs import prepare_recipe
+
+RECIPE = "recipes/tabular/lometab_churn.yaml"
+TINY = ["--override", "data.init_args.max_rows=600"]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _read_csv(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def _assert_png(path: Path) -> None:
+    assert path.is_file(), path
+    data = path.read_bytes()
+    assert data[:8] == PNG_MAGIC and len(data) > 1000, path
+
+
+def test_prepare_recipe_drops_checkpointing_and_keeps_monitor():
+    import yaml
+
+    config = yaml.safe_load(prepare_recipe(RECIPE))
+    names = [c["class_path"].rsplit(".", 1)[-1] for c in config["trainer"]["callbacks"]]
+    assert "ModelCheckpoint" not in names and "EarlyStopping" not in names
+    assert names.count("DiversityMonitor") == 1
+
+
+def test_diversity_sweep_tiny_grid(tmp_path, capsys):
+    out = tmp_path / "sweep"
+    diversity_sweep.main(["--recipe", RECIPE, "--ranks", "1", "2", "--sigmas", "0.1", "3.0",
+                          "--max_epochs", "1", "--out", str(out), *TINY])
+    printed = capsys.readouterr().out
+    csv_path = out / "diversity_sweep.csv"
+    assert str(csv_path) in printed
+
+    rows = _read_csv(csv_path)
+    assert {(int(r["rank"]), float(r["sigma_init"])) for r in rows} == {
+        (1, 0.1), (1, 3.0), (2, 0.1), (2, 3.0)}
+    assert len(rows) == 4
+    expected = {"rank", "sigma_init", "init_pairwise_kl", "init_disagreement", "pairwise_kl",
+                "disagreement", "val_accuracy", "val_nll", "n_params", "wall_time_s", "epochs"}
+    assert expected <= set(rows[0])
+    for row in rows:
+        assert int(row["epochs"]) == 1
+        assert 0.0 <= float(row["val_accuracy"]) <= 1.0
+        assert float(row["pairwise_kl"]) >= 0.0 and float(row["init_pairwise_kl"]) >= 0.0
+        assert float(row["wall_time_s"]) > 0.0
+    by_cell = {(int(r["rank"]), float(r["sigma_init"])): r for r in rows}
+    # Rank adds adapter parameters; sigma_init does not change the architecture.
+    assert int(by_cell[2, 0.1]["n_params"]) > int(by_cell[1, 0.1]["n_params"])
+    assert by_cell[1, 0.1]["n_params"] == by_cell[1, 3.0]["n_params"]
+    # Behaviour: a 30x larger multiplicative perturbation at init makes members differ more.
+    for rank in (1, 2):
+        assert float(by_cell[rank, 3.0]["init_pairwise_kl"]) > float(
+            by_cell[rank, 0.1]["init_pairwise_kl"])
+
+    for name in ("heatmap_init_pairwise_kl", "heatmap_final_pairwise_kl",
+                 "heatmap_val_accuracy", "heatmap_val_nll"):
+        _assert_png(out / f"{name}.png")
+
+
+def test_diversity_sweep_rejects_bad_grid(tmp_path):
+    with pytest.raises(SystemExit):
+        diversity_sweep.main(["--recipe", RECIPE, "--ranks", "0", "--out", str(tmp_path)])
+
+
+def test_diversity_sweep_failing_cell_raises(tmp_path):
+    with pytest.raises(RuntimeError, match="rank=1, sigma_init=0.1"):
+        diversity_sweep.main(["--recipe", RECIPE, "--ranks", "1", "--sigmas", "0.1",
+                              "--max_epochs", "1", "--out", str(tmp_path), *TINY,
+                              "--override", "data.init_args.val_size=1.5"])
+
+
+def test_diversity_over_training_compares_adapters(tmp_path, capsys):
+    out = tmp_path / "over"
+    diversity_over_training.main(["--recipe", RECIPE, "--compare", "additive", "--rank", "2",
+                                  "--sigma", "0.3", "--max_epochs", "2", "--out", str(out),
+                                  *TINY])
+    printed = capsys.readouterr().out
+    csv_path = out / "diversity_over_training.csv"
+    assert str(csv_path) in printed
+    rows = _read_csv(csv_path)
+    assert list(rows[0]) == ["adapter", "epoch", "step", "pairwise_kl", "disagreement",
+                             "val_accuracy", "val_nll"]
+    for adapter in ("lometab", "additive"):
+        mine = [r for r in rows if r["adapter"] == adapter]
+        assert [int(r["epoch"]) for r in mine] == [0, 1, 2]  # at init, then each epoch
+        steps = [int(r["step"]) for r in mine]
+        assert steps[0] == 0 and steps[1] > 0 and steps[2] == 2 * steps[1]
+    assert len(rows) == 6
+    # Same seed and data: both adapters train on the same batches, so steps agree.
+    assert [r["step"] for r in rows[:3]] == [r["step"] for r in rows[3:]]
+    _assert_png(out / "diversity_over_training.png")
+
+
+def test_diversity_over_training_rejects_same_adapter(tmp_path):
+    with pytest.raises(ValueError, match="already in the comparison"):
+        diversity_over_training.main(["--recipe", RECIPE, "--compare", "lometab",
+                                      "--max_epochs", "1", "--out", str(tmp_path), *TINY])
+
+
+def test_recorder_matches_diversity_monitor_history(tmp_path):
+    """The recorder reads each validation's own values, the ones DiversityMonitor logged."""
+    from framework.experiments.runs import build_run, run_overrides
+
+    run = build_run(prepare_recipe(RECIPE),
+                    [*run_overrides(max_epochs=2, root_dir=tmp_path),
+                     "--data.init_args.max_rows=600"])
+    run.validate()
+    run.fit()
+    assert len(run.recorder.rows) == len(run.monitor.history) == 3
+    for recorded, logged in zip(run.recorder.rows, run.monitor.history, strict=True):
+        assert recorded["step"] == logged["step"]
+        for name in ("pairwise_kl", "disagreement"):
+            assert recorded[f"diversity/val/{name}"] == pytest.approx(logged[f"diversity/val/{name}"])
+    assert run.recorder.rows[1]["val/nll"] != run.recorder.rows[2]["val/nll"]
