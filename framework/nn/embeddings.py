@@ -50,9 +50,9 @@ def compute_bins(
         ValueError: for constant columns, non-finite values or bad ``n_bins``.
     """
     x = np.asarray(x, dtype=np.float64)
-    names = list(feature_names) if feature_names is not None else [f"#{i}" for i in range(x.shape[1])]
     if x.ndim != 2 or len(x) < 2:
         raise ValueError(f"compute_bins needs a 2-D array with at least 2 rows, got {x.shape}.")
+    names = list(feature_names) if feature_names is not None else [f"#{i}" for i in range(x.shape[1])]
     if not np.isfinite(x).all():
         raise ValueError("compute_bins got NaN or inf; clean the numeric features first.")
     constant = [names[i] for i in range(x.shape[1]) if np.all(x[:, i] == x[0, i])]
@@ -64,10 +64,9 @@ def compute_bins(
     if not 1 < n_bins < len(x):
         raise ValueError(f"n_bins must be in (1, {len(x)}) for {len(x)} rows, got {n_bins}.")
     if kind == "quantile":
-        quantiles = np.linspace(0.0, 1.0, n_bins + 1)
-        # torch.quantile (linear interpolation) matches rtdl_num_embeddings bit for bit.
-        qs = torch.quantile(torch.as_tensor(x, dtype=torch.float32), torch.as_tensor(
-            quantiles, dtype=torch.float32), dim=0).T
+        # float32 torch.quantile on float32 levels: the same edges as rtdl_num_embeddings.
+        levels = torch.linspace(0.0, 1.0, n_bins + 1)
+        qs = torch.quantile(torch.as_tensor(x, dtype=torch.float32), levels, dim=0).T
         return [q.unique() for q in qs]
     if kind != "tree":
         raise ValueError(f"Unknown bin kind {kind!r}; use 'quantile' or 'tree'.")

@@ -60,13 +60,14 @@ class _LoMEMatmul(torch.autograd.Function):
 
     @staticmethod
     def forward(x: Tensor, w: Tensor, a: Tensor, b: Tensor) -> Tensor:  # x: (K, B, in)
-        member_w = torch.bmm(a, b.transpose(1, 2)).add_(1.0).mul_(w)  # (K, out, in)
+        member_w = w * (torch.bmm(a, b.transpose(1, 2)) + 1.0)  # (K, out, in); no in-place: vmap
         return torch.bmm(x, member_w.transpose(1, 2))
 
     @staticmethod
     def setup_context(ctx, inputs: tuple[Tensor, ...], output: Tensor) -> None:  # noqa: ANN001
         x, w, a, b = inputs
         ctx.save_for_backward(x, w, a, b)
+        ctx.save_for_forward(x, w, a, b)
 
     @staticmethod
     def backward(ctx, grad_y: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:  # noqa: ANN001
@@ -76,7 +77,7 @@ class _LoMEMatmul(torch.autograd.Function):
         grad_x = torch.bmm(grad_y, one_plus_m * w)
         grad_member_w = torch.bmm(grad_y.transpose(1, 2), x)  # (K, out, in)
         grad_w = (grad_member_w * one_plus_m).sum(0)
-        grad_m = grad_member_w.mul_(w)
+        grad_m = grad_member_w * w  # not in place: double backward needs grad_member_w
         return grad_x, grad_w, torch.bmm(grad_m, b), torch.bmm(grad_m.transpose(1, 2), a)
 
     @staticmethod

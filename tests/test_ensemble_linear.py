@@ -1,0 +1,505 @@
+"""EnsembleLinear and TabularEnsembleNet against tabm, closed forms and explicit per-member loops."""
+
+import math
+
+import pytest
+import tabm
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call, jvp, vmap
+
+from framework.nn.ensemble_linear import ADAPTERS, EnsembleLinear, _LoMEMatmul, init_scaling_
+from framework.nn.tabular_backbone import TabularEnsembleNet
+
+D = torch.float64
+PARAM_NAMES = ("weight", "adapter_a", "adapter_b", "bias")
+
+
+def randomise_(module, scale=1.0):
+    """Give every parameter a non-trivial value (biases differ per member, adapters are large)."""
+    with torch.no_grad():
+        for p in module.parameters():
+            p.normal_(0.0, scale)
+    return module
+
+
+def lowrank_layer(adapter, compute, k=3, d_in=5, d_out=4, rank=2):
+    return randomise_(EnsembleLinear(d_in, d_out, k, adapter=adapter, rank=rank, compute=compute).double())
+
+
+def explicit(adapter, x, w, a, b, bias):
+    """The definition, one member at a time (the loop exists only here, in the test)."""
+    ys = []
+    for k in range(x.shape[1]):
+        low_rank = a[k] @ b[k].T
+        w_k = w * (1.0 + low_rank) if adapter == "lometab" else w + low_rank
+        ys.append(x[:, k] @ w_k.T + bias[k])
+    return torch.stack(ys, 1)
+
+
+def grads(y, inputs, grad_y):
+    return torch.autograd.grad(y, inputs, grad_y)
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. rank1 == tabm.LinearBatchEnsemble
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("bias", [True, False])
+def test_rank1_equals_tabm_linear_batch_ensemble(bias):
+    torch.manual_seed(0)
+    ref = tabm.LinearBatchEnsemble(5, 4, bias=bias, k=3, scaling_init="normal").double()
+    ours = EnsembleLinear(5, 4, 3, adapter="rank1", bias=bias).double()
+    randomise_(ref)
+    with torch.no_grad():
+        for name, p in ref.named_parameters():
+            getattr(ours, name).copy_(p)
+    x = torch.randn(6, 3, 5, dtype=D, requires_grad=True)
+    y_ref, y = ref(x), ours(x)
+    assert y.shape == (6, 3, 4)
+    torch.testing.assert_close(y, y_ref, rtol=1e-12, atol=1e-12)
+    grad_y = torch.randn_like(y)
+    names = [n for n, _ in ref.named_parameters()]
+    g_ref = grads(y_ref, [x, *[getattr(ref, n) for n in names]], grad_y)
+    g = grads(y, [x, *[getattr(ours, n) for n in names]], grad_y)
+    for got, want in zip(g, g_ref, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. init_scaling_ == tabm.init_scaling_
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["normal", "random-signs"])
+@pytest.mark.parametrize("chunks", [None, [2, 3, 4]])
+def test_init_scaling_draws_like_tabm(kind, chunks):
+    # Same RNG consumption as tabm.init_scaling_: with the same seed the draws are identical.
+    torch.manual_seed(3)
+    ours = init_scaling_(torch.empty(6, 9), kind, chunks)
+    torch.manual_seed(3)
+    ref = tabm.init_scaling_(torch.empty(6, 9), kind, chunks)
+    assert torch.equal(ours, ref)
+
+
+def test_init_scaling_ones_and_signs():
+    assert torch.equal(init_scaling_(torch.empty(3, 7), "ones"), torch.ones(3, 7))
+    assert torch.equal(tabm.init_scaling_(torch.empty(3, 7), "ones"), torch.ones(3, 7))
+    torch.manual_seed(0)
+    signs = init_scaling_(torch.empty(50, 40), "random-signs")
+    assert set(signs.unique().tolist()) == {-1.0, 1.0}
+    assert abs(signs.mean().item()) < 0.05  # equal probability: sd of the mean is 1/sqrt(2000)
+
+
+@pytest.mark.parametrize("kind", ["normal", "random-signs"])
+def test_init_scaling_chunks_structure(kind):
+    torch.manual_seed(1)
+    chunks = [1, 3, 2, 4]
+    ours = init_scaling_(torch.empty(8, 10), kind, chunks)
+    for t in (ours, tabm.init_scaling_(torch.empty(8, 10), kind, chunks)):
+        start = 0
+        firsts = []
+        for size in chunks:
+            block = t[:, start : start + size]
+            assert torch.equal(block, block[:, :1].expand_as(block))  # one value per member and chunk
+            firsts.append(block[:, 0])
+            start += size
+        # different members / chunks get different draws
+        distinct = set(torch.stack(firsts).unique().tolist())
+        if kind == "random-signs":
+            assert distinct == {-1.0, 1.0}
+        else:
+            assert len(distinct) == 8 * len(chunks)
+    with pytest.raises(ValueError):
+        init_scaling_(torch.empty(2, 5), "normal", [2, 2])
+
+
+def test_rank1_layer_first_scaling_uses_chunks():
+    torch.manual_seed(0)
+    layer = EnsembleLinear(6, 3, 4, adapter="rank1", rank1_init=("random-signs", "ones"), rank1_chunks=[2, 4])
+    r = layer.r.detach()
+    assert torch.equal(r[:, :2], r[:, :1].expand(-1, 2))
+    assert torch.equal(r[:, 2:], r[:, 2:3].expand(-1, 4))
+    assert set(r.unique().tolist()) <= {-1.0, 1.0}
+    assert torch.equal(layer.s.detach(), torch.ones(4, 3))
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. lometab == explicit per-member computation (every evaluation order)
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("adapter", ["lometab", "additive"])
+@pytest.mark.parametrize("compute,batch", [("factored", 6), ("materialized", 6), ("auto", 6), ("auto", 64)])
+def test_lowrank_adapters_equal_explicit_forward_and_grads(adapter, compute, batch):
+    torch.manual_seed(0)
+    layer = lowrank_layer(adapter, compute)
+    if adapter == "lometab" and compute == "auto":
+        assert layer.uses_factored(batch) == (batch * 3 <= 128)
+    x = torch.randn(batch, 3, 5, dtype=D, requires_grad=True)
+    params = [getattr(layer, n) for n in PARAM_NAMES]
+    y = layer(x)
+    y_ref = explicit(adapter, x, *params)
+    torch.testing.assert_close(y, y_ref, rtol=1e-12, atol=1e-12)
+    grad_y = torch.randn_like(y)
+    for got, want in zip(grads(y, [x, *params], grad_y), grads(y_ref, [x, *params], grad_y), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-11, atol=1e-11)
+
+
+def test_lometab_auto_switches_evaluation_order():
+    layer = EnsembleLinear(5, 4, 3, adapter="lometab", rank=3)
+    assert layer.uses_factored(32) and not layer.uses_factored(33)
+    assert EnsembleLinear(5, 4, 3, compute="factored").uses_factored(10_000)
+    assert not EnsembleLinear(5, 4, 3, compute="materialized").uses_factored(1)
+
+
+def lome_inputs(k=2, b=3, d_in=4, d_out=3, rank=2):
+    torch.manual_seed(0)
+    shapes = [(k, b, d_in), (d_out, d_in), (k, d_out, rank), (k, d_in, rank)]
+    return tuple(torch.randn(*s, dtype=D, requires_grad=True) for s in shapes)
+
+
+def lome_reference(x, w, a, b):
+    return torch.bmm(x, (w * (1.0 + a @ b.transpose(1, 2))).transpose(1, 2))
+
+
+def test_lome_matmul_forward_and_gradcheck():
+    inputs = lome_inputs()
+    torch.testing.assert_close(_LoMEMatmul.apply(*inputs), lome_reference(*inputs), rtol=1e-12, atol=1e-12)
+    assert torch.autograd.gradcheck(_LoMEMatmul.apply, inputs)
+
+
+def test_lome_matmul_gradcheck_forward_mode():
+    inputs = lome_inputs()
+    assert torch.autograd.gradcheck(
+        _LoMEMatmul.apply, inputs, check_forward_ad=True, check_backward_ad=False,
+        check_undefined_grad=False, check_batched_grad=False,
+    )
+
+
+def test_lome_matmul_double_backward():
+    # Double backward (gradient penalties, autograd.grad(create_graph=True) twice).
+    assert torch.autograd.gradgradcheck(_LoMEMatmul.apply, lome_inputs())
+
+
+def test_lometab_jvp_equals_explicit():
+    torch.manual_seed(0)
+    layer = lowrank_layer("lometab", "materialized")
+    params = {n: p.detach() for n, p in layer.named_parameters()}
+    x = torch.randn(6, 3, 5, dtype=D)
+    primals = (x, *[params[n] for n in PARAM_NAMES])
+    tangents = tuple(torch.randn_like(p) for p in primals)
+
+    def ours(x, w, a, b, bias):
+        return functional_call(layer, {"weight": w, "adapter_a": a, "adapter_b": b, "bias": bias}, (x,))
+
+    out, tangent_out = jvp(ours, primals, tangents)
+    out_ref, tangent_ref = jvp(lambda *args: explicit("lometab", *args), primals, tangents)
+    torch.testing.assert_close(out, out_ref, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(tangent_out, tangent_ref, rtol=1e-11, atol=1e-11)
+
+
+@pytest.mark.parametrize("compute", ["factored", "materialized"])
+def test_lometab_vmap_over_stacked_parameters(compute):
+    torch.manual_seed(0)
+    layer = lowrank_layer("lometab", compute)
+    params = {n: p.detach() for n, p in layer.named_parameters()}
+    stacked = {n: torch.stack([p, p + 0.1 * torch.randn_like(p)]) for n, p in params.items()}
+    x = torch.randn(6, 3, 5, dtype=D)
+    out = vmap(lambda p: functional_call(layer, p, (x,)))(stacked)
+    assert out.shape == (2, 6, 3, 4)
+    for i in range(2):
+        want = explicit("lometab", x, *[stacked[n][i] for n in PARAM_NAMES])
+        torch.testing.assert_close(out[i], want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("compute", ["factored", "materialized"])
+def test_lometab_vmap_over_shared_weight_only(compute):
+    # vmap over W alone (adapters unbatched), e.g. a sweep over perturbed shared weights.
+    torch.manual_seed(0)
+    layer = lowrank_layer("lometab", compute)
+    params = {n: p.detach() for n, p in layer.named_parameters()}
+    weights = torch.stack([params["weight"], torch.randn_like(params["weight"])])
+    x = torch.randn(6, 3, 5, dtype=D)
+    out = vmap(lambda w: functional_call(layer, {**params, "weight": w}, (x,)))(weights)
+    for i in range(2):
+        want = explicit("lometab", x, weights[i], params["adapter_a"], params["adapter_b"], params["bias"])
+        torch.testing.assert_close(out[i], want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("compute", ["factored", "materialized"])
+def test_lometab_per_sample_grads_with_vmap(compute):
+    torch.manual_seed(0)
+    layer = lowrank_layer("lometab", compute)
+    params = {n: p.detach() for n, p in layer.named_parameters()}
+    x = torch.randn(4, 3, 5, dtype=D)
+
+    def loss(p, xi):
+        return functional_call(layer, p, (xi[None],)).pow(2).sum()
+
+    per_sample = vmap(torch.func.grad(loss), in_dims=(None, 0))(params, x)
+    for i in range(4):
+        leaves = [params[n].clone().requires_grad_() for n in PARAM_NAMES]
+        want = torch.autograd.grad(explicit("lometab", x[i : i + 1], *leaves).pow(2).sum(), leaves)
+        for n, g in zip(PARAM_NAMES, want, strict=True):
+            torch.testing.assert_close(per_sample[n][i], g, rtol=1e-11, atol=1e-11)
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. rank >= 2 lometab contains every rank-1 (TabM) mask
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("rank", [2, 3])
+@pytest.mark.parametrize("compute", ["factored", "materialized"])
+def test_lometab_expresses_rank1(rank, compute):
+    torch.manual_seed(0)
+    k, d_in, d_out = 3, 5, 4
+    rank1 = randomise_(EnsembleLinear(d_in, d_out, k, adapter="rank1").double())
+    lome = EnsembleLinear(d_in, d_out, k, adapter="lometab", rank=rank, compute=compute).double()
+    with torch.no_grad():
+        lome.weight.copy_(rank1.weight)
+        lome.bias.copy_(rank1.bias)
+        lome.adapter_a.zero_()
+        lome.adapter_b.zero_()
+        # 1 + A_k B_k^T = 1 + s_k r_k^T - 1 1^T = s_k r_k^T
+        lome.adapter_a[:, :, 0] = rank1.s
+        lome.adapter_a[:, :, 1] = -1.0
+        lome.adapter_b[:, :, 0] = rank1.r
+        lome.adapter_b[:, :, 1] = 1.0
+    x = torch.randn(7, k, d_in, dtype=D)
+    torch.testing.assert_close(lome(x), rank1(x), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(lome.effective_weight(), rank1.effective_weight(), rtol=1e-12, atol=1e-12)
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. lometab with A = 0 is the shared MLP layer
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("compute", ["factored", "materialized", "auto"])
+def test_lometab_with_zero_adapter_equals_shared(compute):
+    torch.manual_seed(0)
+    shared = randomise_(EnsembleLinear(5, 4, 3, adapter="shared").double())
+    lome = lowrank_layer("lometab", compute)
+    with torch.no_grad():
+        lome.weight.copy_(shared.weight)
+        lome.bias.copy_(shared.bias.expand(3, -1))
+        lome.adapter_a.zero_()  # B stays random: A = 0 alone makes A B^T vanish
+    x = torch.randn(6, 3, 5, dtype=D)
+    torch.testing.assert_close(lome(x), shared(x), rtol=1e-12, atol=1e-12)
+    # shared itself: all members see the same F.linear
+    torch.testing.assert_close(shared(x), F.linear(x, shared.weight, shared.bias), rtol=0, atol=0)
+
+
+def test_sigma_zero_lometab_starts_as_shared_layer():
+    torch.manual_seed(0)
+    lome = EnsembleLinear(5, 4, 3, adapter="lometab", sigma_init=0.0).double()
+    x = torch.randn(2, 3, 5, dtype=D)
+    torch.testing.assert_close(lome(x), F.linear(x, lome.weight, lome.bias[0]), rtol=1e-12, atol=1e-12)
+
+
+# ---------------------------------------------------------------------------------------------
+# 7. packed / shared
+# ---------------------------------------------------------------------------------------------
+def test_packed_equals_independent_linears():
+    torch.manual_seed(0)
+    layer = randomise_(EnsembleLinear(5, 4, 3, adapter="packed").double())
+    assert layer.weight.shape == (3, 4, 5) and layer.bias.shape == (3, 4)
+    x = torch.randn(6, 3, 5, dtype=D)
+    want = torch.stack([F.linear(x[:, k], layer.weight[k], layer.bias[k]) for k in range(3)], 1)
+    torch.testing.assert_close(layer(x), want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("adapter", ["shared", "packed", "lometab"])
+def test_no_bias(adapter):
+    torch.manual_seed(0)
+    layer = randomise_(EnsembleLinear(5, 4, 3, adapter=adapter, bias=False).double())
+    assert layer.bias is None and layer.effective_bias() is None
+    x = torch.randn(6, 3, 5, dtype=D)
+    want = torch.einsum("bki,koi->bko", x, layer.effective_weight())
+    torch.testing.assert_close(layer(x), want, rtol=1e-12, atol=1e-12)
+
+
+# ---------------------------------------------------------------------------------------------
+# 8. effective_weight
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("adapter", ADAPTERS)
+def test_effective_weight_matches_member_weights(adapter):
+    torch.manual_seed(0)
+    k = 3
+    layer = randomise_(EnsembleLinear(5, 4, k, adapter=adapter, rank=2).double())
+    p = dict(layer.named_parameters())
+    members = []
+    for j in range(k):
+        if adapter == "shared":
+            members.append(p["weight"])
+        elif adapter == "packed":
+            members.append(p["weight"][j])
+        elif adapter == "rank1":
+            members.append(p["weight"] * torch.outer(p["s"][j], p["r"][j]))
+        elif adapter == "lometab":
+            members.append(p["weight"] * (1 + p["adapter_a"][j] @ p["adapter_b"][j].T))
+        else:
+            members.append(p["weight"] + p["adapter_a"][j] @ p["adapter_b"][j].T)
+    want = torch.stack(members)
+    w = layer.effective_weight()
+    assert w.shape == (k, 4, 5)
+    torch.testing.assert_close(w, want, rtol=1e-12, atol=1e-12)
+    # and the forward pass uses exactly these member weights and biases
+    x = torch.randn(6, k, 5, dtype=D)
+    bias = layer.effective_bias()
+    ref = torch.stack([F.linear(x[:, j], want[j], bias[j]) for j in range(k)], 1)
+    torch.testing.assert_close(layer(x), ref, rtol=1e-12, atol=1e-12)
+
+
+# ---------------------------------------------------------------------------------------------
+# 9. initialisation statistics (module docstring)
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("rank", [1, 4, 16])
+def test_lometab_init_std_is_sigma_for_every_rank(rank):
+    torch.manual_seed(0)
+    sigma = 0.3
+    layer = EnsembleLinear(512, 512, 8, adapter="lometab", rank=rank, sigma_init=sigma)
+    with torch.no_grad():
+        low_rank = layer.adapter_a @ layer.adapter_b.transpose(1, 2)
+    assert low_rank.std().item() == pytest.approx(sigma, rel=0.05)
+    assert abs(low_rank.mean().item()) < 0.02 * sigma
+    # the shared weight is tabm's U(-1/sqrt(in), 1/sqrt(in))
+    assert layer.weight.abs().max().item() <= 512**-0.5
+    assert layer.weight.std().item() == pytest.approx((3 * 512) ** -0.5, rel=0.02)
+
+
+def test_additive_init_matches_relative_size_of_lometab():
+    torch.manual_seed(0)
+    sigma, d_in = 0.3, 512
+    layer = EnsembleLinear(d_in, 256, 8, adapter="additive", rank=4, sigma_init=sigma)
+    with torch.no_grad():
+        low_rank = layer.adapter_a @ layer.adapter_b.transpose(1, 2)
+    assert low_rank.std().item() == pytest.approx(sigma / math.sqrt(3 * d_in), rel=0.05)
+    assert low_rank.std().item() / layer.weight.std().item() == pytest.approx(sigma, rel=0.05)
+    assert abs(low_rank.mean().item()) < 0.02 * low_rank.std().item()
+
+
+@pytest.mark.parametrize("adapter", ["rank1", "lometab", "additive"])
+def test_member_biases_start_identical(adapter):
+    torch.manual_seed(0)
+    layer = EnsembleLinear(16, 8, 5, adapter=adapter)
+    bias = layer.bias.detach()
+    assert torch.equal(bias, bias[:1].expand_as(bias))
+    assert bias.abs().max() <= 16**-0.5 and bias.std() > 0
+
+
+def test_packed_members_get_their_own_draws():
+    torch.manual_seed(0)
+    layer = EnsembleLinear(16, 8, 3, adapter="packed")
+    assert not torch.equal(layer.weight[0], layer.weight[1])
+    assert not torch.equal(layer.bias[0], layer.bias[1])
+
+
+# ---------------------------------------------------------------------------------------------
+# 10. bad inputs
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("shape", [(6, 5), (6, 2, 5), (6, 3, 4), (1, 6, 3, 5)])
+def test_wrong_input_shape_names_expected_shape(shape):
+    layer = EnsembleLinear(5, 4, 3)
+    with pytest.raises(ValueError, match=r"\(batch, 3, 5\)"):
+        layer(torch.randn(*shape))
+
+
+def test_bad_constructor_arguments():
+    with pytest.raises(ValueError, match="lowrank"):
+        EnsembleLinear(5, 4, 3, adapter="lowrank")
+    with pytest.raises(ValueError, match="rank"):
+        EnsembleLinear(5, 4, 3, rank=0)
+    with pytest.raises(ValueError, match="compute"):
+        EnsembleLinear(5, 4, 3, compute="fast")
+    with pytest.raises(ValueError, match="sigma_init"):
+        EnsembleLinear(5, 4, 3, sigma_init=-0.1)
+
+
+# ---------------------------------------------------------------------------------------------
+# 11. autocast (bf16) on the custom Function path
+# ---------------------------------------------------------------------------------------------
+def test_lometab_materialized_under_bf16_autocast():
+    torch.manual_seed(0)
+    layer = EnsembleLinear(16, 8, 3, adapter="lometab", rank=2, compute="materialized")
+    x = torch.randn(64, 3, 16)  # batch*(rank+1) > 128 would also select this path under auto
+    params = [getattr(layer, n) for n in PARAM_NAMES]
+    y32 = layer(x)
+    g32 = torch.autograd.grad(y32.sum(), params)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y16 = layer(x)
+    # the matmul ran in bf16: not bit-equal to fp32, but close at bf16 precision
+    assert not torch.equal(y16.float(), y32)
+    torch.testing.assert_close(y16.float(), y32, rtol=3e-2, atol=3e-2)
+    g16 = torch.autograd.grad(y16.float().sum(), params)
+    for p, g, g_ref in zip(params, g16, g32, strict=True):
+        assert g.dtype == torch.float32 == p.dtype
+        torch.testing.assert_close(g, g_ref, rtol=5e-2, atol=5e-2 * g_ref.abs().max().item())
+
+
+# ---------------------------------------------------------------------------------------------
+# 12. TabularEnsembleNet
+# ---------------------------------------------------------------------------------------------
+BINS = [torch.tensor([-2.0, 0.0, 1.0, 3.0]), torch.tensor([-1.0, 1.0]), torch.tensor([0.0, 0.5, 1.0])]
+
+
+def net_inputs(n=5):
+    torch.manual_seed(1)
+    x_num = torch.randn(n, 3, dtype=D) * 2
+    x_cat = torch.stack([torch.randint(0, 4, (n,)), torch.randint(0, 2, (n,))], 1)
+    return x_num, x_cat
+
+
+@pytest.mark.parametrize("adapter", ADAPTERS)
+def test_net_output_shape(adapter):
+    torch.manual_seed(0)
+    net = TabularEnsembleNet(3, [4, 2], 2, k=4, adapter=adapter, n_blocks=2, d_block=8, bins=BINS,
+                             d_embedding=4).double()
+    assert net(*net_inputs()).shape == (5, 4, 2)
+
+
+def test_net_adapter_layers_first():
+    net = TabularEnsembleNet(3, [4], 2, k=4, adapter="lometab", adapter_layers="first", n_blocks=3,
+                             d_block=8)
+    linears = [m for m in net.blocks if isinstance(m, EnsembleLinear)]
+    assert [m.adapter for m in linears] == ["lometab", "shared", "shared"]
+    assert net.head.adapter == "packed"
+    net_all = TabularEnsembleNet(3, [4], 2, k=4, adapter="lometab", n_blocks=3, d_block=8)
+    assert [m.adapter for m in net_all.blocks if isinstance(m, EnsembleLinear)] == ["lometab"] * 3
+
+
+def test_deep_ensemble_members_are_independent():
+    torch.manual_seed(0)
+    net = TabularEnsembleNet(3, [4, 2], 2, k=3, adapter="packed", n_blocks=2, d_block=8, dropout=0.0,
+                             bins=BINS, d_embedding=4, share_embeddings=False).double().eval()
+    member_params = list(net.parameters())
+    assert all(p.shape[0] == 3 for p in member_params)  # every parameter has a member axis
+    with torch.no_grad():
+        for p in member_params:
+            p.normal_(0, 0.5)
+            p[1] = p[0]
+    x = net_inputs()
+    y = net(*x)
+    torch.testing.assert_close(y[:, 1], y[:, 0], rtol=0, atol=0)
+    assert not torch.allclose(y[:, 2], y[:, 0])
+    for name, p in net.named_parameters():  # member 0's embedding, hidden layers and head, one at a time
+        with torch.no_grad():
+            p[0] += 1.0
+        y_new = net(*x)
+        torch.testing.assert_close(y_new[:, 1:], y[:, 1:], rtol=0, atol=0, msg=name)
+        assert not torch.allclose(y_new[:, 0], y[:, 0]), name
+        with torch.no_grad():
+            p[0] -= 1.0
+
+
+def test_k1_shared_is_a_plain_mlp():
+    torch.manual_seed(0)
+    net = TabularEnsembleNet(3, [4, 2], 2, k=1, adapter="shared", n_blocks=2, d_block=8, dropout=0.0).double()
+    randomise_(net)
+    mlp = nn.Sequential(nn.Linear(9, 8), nn.ReLU(), nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2)).double()
+    with torch.no_grad():
+        mlp[0].weight.copy_(net.blocks[0].weight)
+        mlp[0].bias.copy_(net.blocks[0].bias)
+        mlp[2].weight.copy_(net.blocks[3].weight)
+        mlp[2].bias.copy_(net.blocks[3].bias)
+        mlp[4].weight.copy_(net.head.weight[0])
+        mlp[4].bias.copy_(net.head.bias[0])
+    x_num, x_cat = net_inputs()
+    features = torch.cat([x_num, F.one_hot(x_cat[:, 0], 4), F.one_hot(x_cat[:, 1], 2)], 1).double()
+    y = net(x_num, x_cat)
+    assert y.shape == (5, 1, 2)
+    torch.testing.assert_close(y[:, 0], mlp(features), rtol=1e-12, atol=1e-12)
