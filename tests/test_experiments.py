@@ -3,6 +3,7 @@
 import csv
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from framework.experiments import diversity_over_training, diversity_sweep
@@ -122,3 +123,18 @@ def test_recorder_matches_diversity_monitor_history(tmp_path):
         for name in ("pairwise_kl", "disagreement"):
             assert recorded[f"diversity/val/{name}"] == pytest.approx(logged[f"diversity/val/{name}"])
     assert run.recorder.rows[1]["val/nll"] != run.recorder.rows[2]["val/nll"]
+
+
+def test_recipe_table_tests_the_best_checkpoint(tmp_path):
+    from framework.experiments import recipe_table
+
+    recipe_table.main(["--recipes", "recipes/tabular/mlp_churn.yaml", "recipes/tabular/tabm_churn.yaml",
+                       "--out", str(tmp_path), "--override", "data.init_args.max_rows=600",
+                       "--override", "trainer.max_epochs=2"])
+    frame = pd.read_csv(tmp_path / "recipe_table.csv")
+    assert list(frame["recipe"]) == ["mlp_churn", "tabm_churn"]
+    assert frame["test/accuracy"].between(0, 1).all()
+    assert frame["best_epoch"].between(0, 1).all()
+    # Diversity exists only for the ensemble (the MLP recipe has one member, no monitor).
+    assert frame["diversity/test/pairwise_kl"].isna().tolist() == [True, False]
+    assert (tmp_path / "recipe_table.md").read_text().count("\n") == 4

@@ -1,0 +1,112 @@
+r"""Train several recipes as ``ripieno fit`` would and tabulate their test metrics.
+
+Each recipe runs exactly as on the command line (checkpointing, early stopping, the
+recipe's seed or ``--seeds``), then its best checkpoint is tested. Rows hold the test
+metrics, the best epoch, the parameter count and the wall time; the output is a CSV
+and a markdown table (for the README).
+
+Example::
+
+    python -m framework.experiments.recipe_table --recipes recipes/tabular/*_churn.yaml \\
+        --seeds 0 1 --out docs/results/tabular_recipes
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import pandas as pd
+from lightning.pytorch.callbacks import ModelCheckpoint
+
+from framework.cli import RipienoCLI
+from framework.experiments.runs import normalize_overrides, quiet_lightning
+
+
+def run_recipe(recipe: str, seed: int, out: Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
+    """Fit one recipe with one seed, test its best checkpoint, return the row.
+
+    Args:
+        recipe: recipe YAML path.
+        seed: ``seed_everything`` value.
+        out: root folder for logs and checkpoints of this run.
+        overrides: extra ``--key=value`` CLI overrides.
+
+    Returns:
+        ``recipe``, ``seed``, every ``test/*`` and ``diversity/test/*`` metric, ``best_epoch``,
+        ``epochs``, ``n_params`` and ``wall_time_s``.
+    """
+    start = time.perf_counter()
+    root = out / Path(recipe).stem / f"seed{seed}"
+    args = ["--config", recipe, f"--seed_everything={seed}", f"--trainer.default_root_dir={root}",
+            f"--trainer.logger.init_args.save_dir={root}", "--trainer.enable_progress_bar=false",
+            "--trainer.enable_model_summary=false", *overrides]
+    with mock.patch.object(sys, "argv", sys.argv[:1]):
+        cli = RipienoCLI(args=args, run=False, save_config_callback=None)
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    checkpoint = next(c for c in cli.trainer.callbacks if isinstance(c, ModelCheckpoint))
+    results = cli.trainer.test(cli.model, datamodule=cli.datamodule,
+                               ckpt_path=checkpoint.best_model_path or None, verbose=False)[0]
+    best = Path(checkpoint.best_model_path).stem  # "best-epoch=NN"
+    row: dict[str, Any] = {"recipe": Path(recipe).stem, "seed": seed}
+    row.update({name: round(float(value), 6) for name, value in sorted(results.items())
+                if name != "test/loss"})
+    row["best_epoch"] = int(best.split("=")[-1]) if "=" in best else -1
+    row["epochs"] = cli.trainer.current_epoch
+    row["n_params"] = sum(p.numel() for p in cli.model.parameters())
+    row["wall_time_s"] = round(time.perf_counter() - start, 1)
+    return row
+
+
+def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
+    """Rows as a markdown table with the union of their columns (blank where absent)."""
+    columns: list[str] = []
+    for row in rows:
+        columns += [c for c in row if c not in columns]
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for row in rows:
+        cells = [f"{row[c]:.4g}" if isinstance(row.get(c), float) else str(row.get(c, ""))
+                 for c in columns]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run every recipe for every seed; write ``recipe_table.csv`` and ``recipe_table.md``.
+
+    Args:
+        argv: command-line arguments (``None``: ``sys.argv[1:]``).
+    """
+    parser = argparse.ArgumentParser(prog="python -m framework.experiments.recipe_table",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--recipes", nargs="+", required=True, help="recipe YAML files")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="seeds per recipe")
+    parser.add_argument("--out", type=Path, default=Path("docs/results/tabular_recipes"))
+    parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                        help="extra CLI override for every run, repeatable")
+    args = parser.parse_args(argv)
+    missing = [r for r in args.recipes if not Path(r).is_file()]
+    if missing:
+        parser.error(f"recipe(s) not found: {missing}")
+    rows: list[dict[str, Any]] = []
+    with quiet_lightning():
+        for recipe in args.recipes:
+            for seed in args.seeds:
+                rows.append(run_recipe(recipe, seed, args.out / "runs",
+                                       normalize_overrides(args.override)))
+                args.out.mkdir(parents=True, exist_ok=True)
+                pd.DataFrame(rows).to_csv(args.out / "recipe_table.csv", index=False)
+                print(f"recipe_table: {rows[-1]}", flush=True)
+    table = markdown_table(rows)
+    (args.out / "recipe_table.md").write_text(table + "\n")
+    print(table)
+    print(f"recipe_table: csv {args.out / 'recipe_table.csv'}")
+
+
+if __name__ == "__main__":
+    main()
