@@ -53,3 +53,24 @@ def test_tensorboard_logs_beside_csv(tmp_path, capsys):
     version_dir = next(tmp_path.rglob("metrics.csv")).parent
     assert list(version_dir.glob("events.out.tfevents.*")), "TensorBoard events next to metrics.csv"
     assert "tensorboard --logdir" in out
+
+
+@pytest.mark.slow
+def test_prediction_writer_under_ddp_covers_every_row_once(tmp_path):
+    from callbacks import MemberPredictionWriter
+
+    dm = TabularDataModule("mlc_churn", max_rows=600, n_bins=8, eval_batch_size=32)
+    model = TabularEnsembleModule(dm.spec, k=3, d_block=16)
+    trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp_spawn", logger=False,
+                        enable_progress_bar=False, default_root_dir=tmp_path,
+                        callbacks=[MemberPredictionWriter(output_dir=str(tmp_path))])
+    trainer.predict(model, datamodule=dm, return_predictions=False)
+    parts = [torch.load(tmp_path / f"predictions_rank{r}.pt") for r in (0, 1)]
+    index = torch.cat([p["index"] for p in parts])
+    assert sorted(index.tolist()) == list(range(120))  # the test split, no row lost or doubled
+    single = L.Trainer(logger=False, enable_progress_bar=False, default_root_dir=tmp_path / "one",
+                       callbacks=[MemberPredictionWriter(output_dir=str(tmp_path / "one"))])
+    single.predict(model, datamodule=dm, return_predictions=False)
+    ref = torch.load(tmp_path / "one" / "predictions.pt")
+    merged = torch.cat([p["prediction"] for p in parts])[index.argsort()]
+    assert torch.allclose(merged, ref["prediction"][ref["index"].argsort()], atol=1e-6)
