@@ -503,3 +503,27 @@ def test_k1_shared_is_a_plain_mlp():
     y = net(x_num, x_cat)
     assert y.shape == (5, 1, 2)
     torch.testing.assert_close(y[:, 0], mlp(features), rtol=1e-12, atol=1e-12)
+
+
+def test_lometab_jvp_in_input_only_matches_finite_differences():
+    """Forward mode with tangents on the input alone (parameters carry none)."""
+    torch.manual_seed(0)
+    layer = EnsembleLinear(5, 4, 3, adapter="lometab", rank=2, compute="materialized").double()
+    x = torch.randn(64, 3, 5, dtype=torch.float64)
+    tangent = torch.randn_like(x)
+    _, jvp_out = torch.func.jvp(layer, (x,), (tangent,))
+    eps = 1e-6
+    finite = (layer(x + eps * tangent) - layer(x - eps * tangent)) / (2 * eps)
+    assert torch.allclose(jvp_out, finite, atol=1e-7)
+
+
+def test_first_layer_input_gradient_is_skipped_but_parameters_are_exact():
+    torch.manual_seed(0)
+    layer = EnsembleLinear(6, 5, 4, adapter="lometab", rank=3, compute="materialized").double()
+    x = torch.randn(40, 4, 6, dtype=torch.float64)  # raw features: no grad needed
+    grads = torch.autograd.grad(layer(x).square().sum(), list(layer.parameters()))
+    w_k = layer.weight * (1 + layer.adapter_a @ layer.adapter_b.transpose(1, 2))
+    explicit = torch.einsum("bki,koi->bko", x, w_k) + layer.bias
+    expected = torch.autograd.grad(explicit.square().sum(), list(layer.parameters()))
+    for got, want in zip(grads, expected, strict=True):
+        assert torch.allclose(got, want, atol=1e-10)
