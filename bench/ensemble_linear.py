@@ -71,8 +71,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import torch
-from torch import Tensor, nn
+os.environ.setdefault("KINETO_LOG_LEVEL", "99")  # the profiler's C++ start/stop chatter
+
+import torch  # noqa: E402
+from torch import Tensor, nn  # noqa: E402
 from torch.utils.benchmark import Timer
 
 from framework.nn.ensemble_linear import Adapter, Compute, EnsembleLinear
