@@ -33,7 +33,9 @@ from matplotlib.figure import Figure
 
 from framework.experiments.runs import (
     TaskFamily,
+    add_run_arguments,
     build_run,
+    check_run_arguments,
     format_table,
     metric_columns,
     normalize_overrides,
@@ -156,7 +158,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "metric to a CSV and plot them.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("--recipe", required=True, help="recipe YAML (e.g. a LoMETab one)")
+    add_run_arguments(parser, "docs/results/diversity_over_training")
     parser.add_argument("--compare", nargs="+", default=["additive"],
                         help="adapter(s) to compare with the recipe's "
                         "(model.init_args.adapter: additive, lometab, rank1, shared, packed)")
@@ -164,23 +166,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="adapter rank for all variants; None = the recipe's")
     parser.add_argument("--sigma", type=float, default=None,
                         help="sigma_init for all variants; None = the recipe's")
-    parser.add_argument("--max_epochs", type=int, default=None,
-                        help="training epochs; None = the recipe's")
-    parser.add_argument("--seed", type=int, default=None,
-                        help="seed_everything for all variants; None = the recipe's")
-    parser.add_argument("--out", type=Path, default=Path("docs/results/diversity_over_training"),
-                        help="output folder for the CSV and PNG")
-    parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
-                        help="extra RipienoCLI override for all variants, repeatable, e.g. "
-                        "--override data.init_args.max_rows=600 (a leading -- is optional; "
-                        "write --override=--key=value if you keep it)")
     args = parser.parse_args(argv)
     if args.rank is not None and args.rank < 1:
         parser.error("--rank must be >= 1")
     if args.sigma is not None and args.sigma < 0:
         parser.error("--sigma must be >= 0")
-    if args.max_epochs is not None and args.max_epochs < 1:
-        parser.error("--max_epochs must be >= 1")
+    check_run_arguments(parser, args)
     return args
 
 

@@ -32,8 +32,10 @@ from matplotlib.figure import Figure
 
 from framework.experiments.runs import (
     TaskFamily,
+    add_run_arguments,
     best_epoch_row,
     build_run,
+    check_run_arguments,
     format_table,
     metric_columns,
     normalize_overrides,
@@ -191,28 +193,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "parameter count and wall time, plus heatmaps.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("--recipe", required=True, help="recipe YAML (a LoMETab/additive one)")
+    add_run_arguments(parser, "docs/results/diversity_sweep")
     parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4, 8, 16],
                         help="adapter ranks (model.init_args.rank)")
     parser.add_argument("--sigmas", type=float, nargs="+", default=[0.1, 0.3, 1.0, 3.0],
                         help="adapter init scales (model.init_args.sigma_init)")
-    parser.add_argument("--max_epochs", type=int, default=None,
-                        help="training epochs per cell; None = the recipe's")
-    parser.add_argument("--seed", type=int, default=None,
-                        help="seed_everything for every cell; None = the recipe's")
-    parser.add_argument("--out", type=Path, default=Path("docs/results/diversity_sweep"),
-                        help="output folder for the CSV and PNGs")
-    parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
-                        help="extra RipienoCLI override, repeatable, e.g. "
-                        "--override data.init_args.max_rows=600 (a leading -- is optional; "
-                        "write --override=--key=value if you keep it)")
     args = parser.parse_args(argv)
     if any(r < 1 for r in args.ranks):
         parser.error(f"--ranks must be positive, got {args.ranks}")
     if any(s < 0 for s in args.sigmas):
         parser.error(f"--sigmas must be >= 0, got {args.sigmas}")
-    if args.max_epochs is not None and args.max_epochs < 1:
-        parser.error("--max_epochs must be >= 1")
+    check_run_arguments(parser, args)
     return args
 
 

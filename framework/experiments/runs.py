@@ -14,6 +14,7 @@ changes that make repeated in-process runs clean and comparable:
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import csv
 import logging
@@ -100,6 +101,32 @@ def _callback_name(entry: Any) -> str:  # noqa: ANN401
     """Class name of a callback entry of a config (``class_path`` or a bare string)."""
     class_path = entry.get("class_path", "") if isinstance(entry, dict) else str(entry)
     return str(class_path).rsplit(".", 1)[-1]
+
+
+def add_run_arguments(parser: argparse.ArgumentParser, default_out: str) -> None:
+    """Add the options every experiment shares: recipe, epochs, seed, output, overrides.
+
+    Args:
+        parser: the experiment's parser.
+        default_out: default output folder.
+    """
+    parser.add_argument("--recipe", required=True, help="recipe YAML (a LoMETab/additive one)")
+    parser.add_argument("--max_epochs", type=int, default=None,
+                        help="training epochs per run; None = the recipe's")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="seed_everything for every run; None = the recipe's")
+    parser.add_argument("--out", type=Path, default=Path(default_out),
+                        help="output folder for the CSV and PNGs")
+    parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                        help="extra RipienoCLI override for every run, repeatable, e.g. "
+                        "--override data.init_args.max_rows=600 (a leading -- is optional; "
+                        "write --override=--key=value if you keep it)")
+
+
+def check_run_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Reject option values that cannot run (``parser.error`` exits with a message)."""
+    if args.max_epochs is not None and args.max_epochs < 1:
+        parser.error("--max_epochs must be >= 1")
 
 
 def normalize_overrides(overrides: Sequence[str] | None) -> list[str]:
