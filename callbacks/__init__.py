@@ -1,6 +1,7 @@
 """Lightning callbacks that work with ripieno's modules and with users' own."""
 
 from callbacks.diversity_monitor import DiversityMonitor
+from callbacks.glm_sampler import LastLayerSampler
 from callbacks.prediction_writer import MemberPredictionWriter
 
-__all__ = ["DiversityMonitor", "MemberPredictionWriter"]
+__all__ = ["DiversityMonitor", "LastLayerSampler", "MemberPredictionWriter"]

@@ -1,0 +1,460 @@
+"""Uncertainty-quantification metrics for models with members or posterior samples.
+
+Classification inputs are per-sample outputs ``(B, S, C)`` (logits or probabilities,
+samples on axis 1, see DESIGN.md) or one prediction ``(B, C)``; the predictive
+distribution is the mean over samples of the per-sample distributions. Regression
+inputs are per-sample means ``(B, S, ...)`` with an observation-noise variance, or a
+predictive mean and variance shaped like the target.
+
+* ``ExpectedCalibrationError``: top-label l1 ECE of the predictive mean probability,
+  through torchmetrics' ``MulticlassCalibrationError``.
+* ``PredictiveNLL``: ``-mean_i log mean_s p_s(y_i)``.
+* ``LogPointwisePredictiveDensity``: ``mean_i log mean_s p(y_i | theta_s)`` for
+  classification (``= -PredictiveNLL``) or a Gaussian likelihood (regression).
+* ``GaussianNLL``: Gaussian NLL of a predictive mean and variance, constant included
+  (as ``torch.nn.GaussianNLLLoss(full=True)``).
+* ``VarROC``: AUROC of the across-sample variance of the predicted-class probability,
+  separating misclassified (``id``) or out-of-distribution (``ood``) points from
+  correctly classified ones ("Is the last layer sufficient for uncertainty
+  quantification?").
+
+Sums accumulate in float64 states reduced with ``sum`` (scores for AUROC with ``cat``)
+across DDP ranks, and every update runs with autocast disabled, in float32. RMSE is
+torchmetrics' ``MeanSquaredError(squared=False)`` on the predictive mean.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+from torch import Tensor
+from torchmetrics import Metric
+from torchmetrics.classification import MulticlassCalibrationError
+from torchmetrics.functional.classification import binary_auroc
+from torchmetrics.utilities import dim_zero_cat, rank_zero_warn
+
+from framework.metrics.diversity import member_log_probs
+
+InputKind = Literal["logits", "probs"]
+_INPUT_KINDS = ("logits", "probs")
+_LOG_2PI = math.log(2 * math.pi)
+
+
+def _check_kind(input_kind: str) -> None:
+    if input_kind not in _INPUT_KINDS:
+        raise ValueError(f"Unknown input kind {input_kind!r}; use 'logits' or 'probs'.")
+
+
+def _as_samples(outputs: Tensor, num_classes: int | None = None) -> Tensor:
+    """View ``(B, C)`` as ``(B, 1, C)`` and check ``(B, S, C)``."""
+    x = outputs.unsqueeze(1) if outputs.ndim == 2 else outputs
+    if x.ndim != 3 or x.shape[-1] < 2:
+        raise ValueError(
+            "Expected classification outputs shaped (batch, samples, classes) or (batch, classes) "
+            f"with at least 2 classes, got {tuple(outputs.shape)}."
+        )
+    if num_classes is not None and x.shape[-1] != num_classes:
+        raise ValueError(f"Expected {num_classes} classes on the last axis, got {tuple(outputs.shape)}.")
+    return x
+
+
+def _check_target(target: Tensor, x: Tensor, validate: bool, skip: Tensor | None = None) -> None:
+    """Check integer class targets ``(B,)`` for sample outputs ``x`` ``(B, S, C)``."""
+    if target.ndim != 1 or target.shape[0] != x.shape[0]:
+        raise ValueError(
+            f"Expected class targets shaped (batch,) = ({x.shape[0]},), got {tuple(target.shape)}."
+        )
+    if target.is_floating_point() or target.is_complex() or target.dtype == torch.bool:
+        raise ValueError(f"Expected integer class targets, got dtype {target.dtype}.")
+    if validate:
+        checked = target if skip is None else target[~skip]
+        if checked.numel() and (checked.min() < 0 or checked.max() >= x.shape[-1]):
+            raise ValueError(f"Class targets must lie in [0, {x.shape[-1] - 1}].")
+
+
+def _check_probs(x: Tensor, input_kind: str, validate: bool) -> None:
+    if validate and input_kind == "probs" and x.numel() and (x.min() < 0 or x.max() > 1):
+        raise ValueError("input_kind='probs' expects values in [0, 1]; pass input_kind='logits' for logits.")
+
+
+def sample_probs(outputs: Tensor, input_kind: InputKind = "logits") -> Tensor:
+    """Per-sample class probabilities ``(B, S, C)`` in float32.
+
+    Args:
+        outputs: ``(B, S, C)`` per-sample logits or probabilities, or ``(B, C)``.
+        input_kind: ``logits`` or ``probs``.
+
+    Returns:
+        Probabilities, shape ``(B, S, C)`` (``S = 1`` for a ``(B, C)`` input).
+    """
+    _check_kind(input_kind)
+    x = _as_samples(outputs).float()
+    return torch.softmax(x, dim=-1) if input_kind == "logits" else x
+
+
+def log_predictive_probability(outputs: Tensor, target: Tensor, input_kind: InputKind = "logits") -> Tensor:
+    """``log mean_s p_s(y_i)`` per point, by ``logsumexp`` over samples minus ``log S``.
+
+    Args:
+        outputs: ``(B, S, C)`` per-sample logits or probabilities, or ``(B, C)``.
+        target: ``(B,)`` integer class labels.
+        input_kind: ``logits`` or ``probs`` (probabilities are clamped at float32 ``tiny``).
+
+    Returns:
+        Log predictive probability of the target, shape ``(B,)``, float32.
+    """
+    _check_kind(input_kind)
+    x = _as_samples(outputs)
+    log_p = member_log_probs(x, input_kind)  # (B, S, C)
+    index = target.long()[:, None, None].expand(-1, log_p.shape[1], 1)
+    log_py = log_p.gather(-1, index).squeeze(-1)  # (B, S)
+    return torch.logsumexp(log_py, dim=1) - math.log(log_py.shape[1])
+
+
+def _regression_shapes(preds: Tensor, target: Tensor) -> Tensor:
+    """Return ``preds`` as samples ``(B, S, ...)``; a prediction shaped like ``target`` gets ``S = 1``."""
+    if preds.shape == target.shape:
+        return preds.unsqueeze(1)
+    if preds.ndim == target.ndim + 1 and (preds.shape[0], *preds.shape[2:]) == target.shape:
+        return preds
+    expected = (target.shape[0], "samples", *target.shape[1:])
+    raise ValueError(
+        f"Expected predictions shaped like the target {tuple(target.shape)} or per-sample "
+        f"{expected}, got {tuple(preds.shape)}."
+    )
+
+
+def _variance(var: Tensor | float, target: Tensor, validate: bool, name: str) -> Tensor:
+    """A positive variance as a float32 tensor broadcast to ``target``'s shape."""
+    v = torch.as_tensor(var, dtype=torch.float32, device=target.device)
+    try:
+        shape = torch.broadcast_shapes(v.shape, target.shape)
+    except RuntimeError:
+        shape = None
+    if shape != target.shape:
+        raise ValueError(
+            f"Expected {name} to be a scalar or broadcastable to the target shape "
+            f"{tuple(target.shape)}, got {tuple(v.shape)}."
+        )
+    if validate and v.numel() and not bool((v > 0).all()):
+        raise ValueError(f"{name} must be positive.")
+    return v.expand(target.shape)
+
+
+def gaussian_log_predictive_density(preds: Tensor, target: Tensor, noise_var: Tensor | float) -> Tensor:
+    """``log mean_s N(y_i; mu_s, sigma2_i)`` per output, by ``logsumexp`` over samples.
+
+    Args:
+        preds: per-sample means ``(B, S, ...)``, or one mean shaped like ``target``.
+        target: ``(B, ...)`` observations.
+        noise_var: observation-noise variance ``sigma2``, a scalar or broadcastable to ``target``.
+
+    Returns:
+        Log predictive density, shape of ``target``, float32.
+    """
+    y = target.float()
+    mu = _regression_shapes(preds, target).float()
+    var = _variance(noise_var, y, validate=False, name="noise_var").unsqueeze(1)
+    log_n = -0.5 * (_LOG_2PI + var.log() + (y.unsqueeze(1) - mu) ** 2 / var)  # (B, S, ...)
+    return torch.logsumexp(log_n, dim=1) - math.log(mu.shape[1])
+
+
+class _MeanState(Metric):
+    """Mean of per-point values: a float64 ``sum`` and a count, both summed across ranks."""
+
+    full_state_update = False
+
+    def __init__(self, validate_args: bool = True, **kwargs) -> None:  # noqa: ANN003
+        super().__init__(**kwargs)
+        self.validate_args = validate_args
+        self.add_state("value_sum", default=torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("total", default=torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
+
+    def _accumulate(self, values: Tensor) -> None:
+        self.value_sum += values.double().sum()
+        self.total += values.numel()
+
+    def compute(self) -> Tensor:
+        """Mean over all accumulated points."""
+        return (self.value_sum / self.total).float()
+
+
+class ExpectedCalibrationError(MulticlassCalibrationError):
+    """Top-label l1 ECE of the predictive mean ``mean_s p_s`` with equal-width bins.
+
+    A thin front to torchmetrics' ``MulticlassCalibrationError(norm="l1")``: only the
+    input changes (samples are averaged in probability space first), so states
+    (``cat``), binning and the result are torchmetrics'.
+
+    Args:
+        num_classes: number of classes ``C``.
+        n_bins: number of equal-width confidence bins on ``[0, 1]``.
+        input_kind: ``probs`` or ``logits`` (softmax per sample before averaging).
+        validate_args: check target range and probability range (costs a device sync).
+        kwargs: passed to ``torchmetrics.Metric``.
+    """
+
+    def __init__(
+        self,
+        num_classes: int,
+        n_bins: int = 15,
+        input_kind: InputKind = "probs",
+        validate_args: bool = True,
+        **kwargs,  # noqa: ANN003
+    ) -> None:
+        _check_kind(input_kind)
+        super().__init__(num_classes, n_bins=n_bins, norm="l1", validate_args=validate_args, **kwargs)
+        self.input_kind = input_kind
+
+    def update(self, outputs: Tensor, target: Tensor) -> None:
+        """Accumulate a batch.
+
+        Args:
+            outputs: ``(B, S, C)`` per-sample logits or probabilities, or ``(B, C)``.
+            target: ``(B,)`` integer class labels.
+        """
+        x = _as_samples(outputs, self.num_classes)
+        _check_target(target, x, self.validate_args)
+        _check_probs(x, self.input_kind, self.validate_args)
+        with torch.autocast(x.device.type, enabled=False):
+            mean_probs = sample_probs(x, self.input_kind).mean(1)
+        super().update(mean_probs, target)
+
+
+class PredictiveNLL(_MeanState):
+    """Negative log predictive likelihood ``-mean_i log mean_s p_s(y_i)`` (nats).
+
+    Args:
+        input_kind: ``logits`` or ``probs``.
+        validate_args: check target range and probability range (costs a device sync).
+        kwargs: passed to ``torchmetrics.Metric``.
+    """
+
+    is_differentiable = True
+    higher_is_better = False
+
+    def __init__(self, input_kind: InputKind = "logits", validate_args: bool = True, **kwargs) -> None:  # noqa: ANN003
+        _check_kind(input_kind)
+        super().__init__(validate_args=validate_args, **kwargs)
+        self.input_kind = input_kind
+
+    def update(self, outputs: Tensor, target: Tensor) -> None:
+        """Accumulate a batch.
+
+        Args:
+            outputs: ``(B, S, C)`` per-sample logits or probabilities, or ``(B, C)``.
+            target: ``(B,)`` integer class labels.
+        """
+        x = _as_samples(outputs)
+        _check_target(target, x, self.validate_args)
+        _check_probs(x, self.input_kind, self.validate_args)
+        with torch.autocast(x.device.type, enabled=False):
+            self._accumulate(-log_predictive_probability(x, target, self.input_kind))
+
+
+class LogPointwisePredictiveDensity(_MeanState):
+    """Mean over points of ``log (1/S) sum_s p(y_i | theta_s)`` (higher is better).
+
+    Gelman et al.'s lppd is the sum over points; this reports the mean so that it does
+    not grow with the data set. Classification gives ``-PredictiveNLL``; regression
+    uses the Gaussian likelihood ``N(y; mu_s, sigma2)`` with observation-noise
+    variance ``sigma2``.
+
+    Args:
+        task: ``classification`` or ``regression``.
+        input_kind: ``logits`` or ``probs`` (classification only).
+        validate_args: check targets, probabilities and ``noise_var > 0`` (costs a device sync).
+        kwargs: passed to ``torchmetrics.Metric``.
+    """
+
+    is_differentiable = True
+    higher_is_better = True
+
+    def __init__(
+        self,
+        task: Literal["classification", "regression"] = "classification",
+        input_kind: InputKind = "logits",
+        validate_args: bool = True,
+        **kwargs,  # noqa: ANN003
+    ) -> None:
+        if task not in ("classification", "regression"):
+            raise ValueError(f"Unknown task {task!r}; use 'classification' or 'regression'.")
+        _check_kind(input_kind)
+        super().__init__(validate_args=validate_args, **kwargs)
+        self.task = task
+        self.input_kind = input_kind
+
+    def update(self, outputs: Tensor, target: Tensor, noise_var: Tensor | float | None = None) -> None:
+        """Accumulate a batch.
+
+        Args:
+            outputs: classification: ``(B, S, C)`` per-sample logits or probabilities, or
+                ``(B, C)``. Regression: per-sample means ``(B, S, ...)``, or one mean shaped
+                like ``target``.
+            target: ``(B,)`` class labels, or regression observations ``(B, ...)``.
+            noise_var: regression only (required): observation-noise variance, a scalar or
+                broadcastable to ``target``.
+        """
+        if self.task == "classification":
+            if noise_var is not None:
+                raise ValueError("noise_var applies to task='regression' only.")
+            x = _as_samples(outputs)
+            _check_target(target, x, self.validate_args)
+            _check_probs(x, self.input_kind, self.validate_args)
+            with torch.autocast(x.device.type, enabled=False):
+                self._accumulate(log_predictive_probability(x, target, self.input_kind))
+            return
+        if noise_var is None:
+            raise ValueError("task='regression' needs noise_var, the observation-noise variance.")
+        _regression_shapes(outputs, target)
+        _variance(noise_var, target, self.validate_args, "noise_var")
+        with torch.autocast(outputs.device.type, enabled=False):
+            self._accumulate(gaussian_log_predictive_density(outputs, target, noise_var))
+
+
+class GaussianNLL(_MeanState):
+    """Gaussian NLL ``0.5 log(2 pi var) + (y - mean)^2 / (2 var)``, mean over outputs.
+
+    The ``0.5 log 2 pi`` constant is included (``GaussianNLLLoss(full=True)``), so values
+    compare across papers that report full log-likelihoods. With per-sample means the
+    predictive distribution is moment-matched: ``mean = mean_s mu_s``,
+    ``var = var_s mu_s`` (population, ``ddof=0``) ``+ noise_var``.
+
+    Args:
+        validate_args: check ``var > 0`` (costs a device sync).
+        kwargs: passed to ``torchmetrics.Metric``.
+    """
+
+    is_differentiable = True
+    higher_is_better = False
+
+    def update(self, preds: Tensor, target: Tensor, var: Tensor | float) -> None:
+        """Accumulate a batch.
+
+        Args:
+            preds: predictive mean shaped like ``target`` (``var`` is then the predictive
+                variance), or per-sample means ``(B, S, ...)`` (``var`` is then the
+                observation-noise variance added to the sample variance).
+            target: observations ``(B, ...)``.
+            var: a scalar or a tensor broadcastable to ``target`` (see ``preds``).
+        """
+        mu = _regression_shapes(preds, target)
+        v = _variance(var, target, self.validate_args, "var")
+        with torch.autocast(preds.device.type, enabled=False):
+            mu = mu.float()
+            mean = mu.mean(1)
+            total_var = v + mu.var(1, correction=0)  # zero for a single prediction
+            nll = 0.5 * (_LOG_2PI + total_var.log() + (target.float() - mean) ** 2 / total_var)
+        self._accumulate(nll)
+
+
+_ID_CORRECT, _ID_WRONG, _OOD = 0, 1, 2
+
+
+class VarROC(Metric):
+    """AUROC of sample variance as a detector of misclassified or OOD points.
+
+    The predicted class is the argmax of the predictive mean ``mean_s p_s``; the score
+    is ``var_s p_s(predicted class)`` (population variance, ``ddof=0``; AUROC does not
+    depend on that scale), or with ``score="sum"`` the variance summed over classes.
+    Negatives are always correctly classified in-distribution points; positives are:
+
+    * ``mode="id"``: misclassified in-distribution points (OOD rows are ignored);
+    * ``mode="ood"``: OOD points (misclassified ID rows are ignored).
+
+    Both modes accept the same stream of updates, so an ``id`` and an ``ood`` instance
+    can be fed identical calls. Every row is kept (``cat`` states) and split at
+    compute. When the kept rows hold only one label (say no misclassified point in a
+    small validation set), ``compute`` warns and returns ``nan`` instead of raising,
+    so that a training loop logging this metric goes on.
+
+    Args:
+        mode: ``id`` or ``ood``.
+        input_kind: ``logits`` or ``probs``.
+        score: ``predicted`` (variance of the predicted-class probability) or ``sum``.
+        validate_args: check target range and probability range (costs a device sync).
+        kwargs: passed to ``torchmetrics.Metric``.
+    """
+
+    is_differentiable = False
+    higher_is_better = True
+    full_state_update = False
+
+    def __init__(
+        self,
+        mode: Literal["id", "ood"] = "id",
+        input_kind: InputKind = "logits",
+        score: Literal["predicted", "sum"] = "predicted",
+        validate_args: bool = True,
+        **kwargs,  # noqa: ANN003
+    ) -> None:
+        if mode not in ("id", "ood"):
+            raise ValueError(f"Unknown mode {mode!r}; use 'id' or 'ood'.")
+        if score not in ("predicted", "sum"):
+            raise ValueError(f"Unknown score {score!r}; use 'predicted' or 'sum'.")
+        _check_kind(input_kind)
+        super().__init__(**kwargs)
+        self.mode, self.input_kind, self.score = mode, input_kind, score
+        self.validate_args = validate_args
+        self.add_state("scores", default=[], dist_reduce_fx="cat")
+        self.add_state("groups", default=[], dist_reduce_fx="cat")
+
+    def update(self, outputs: Tensor, target: Tensor | None = None, is_ood: Tensor | bool = False) -> None:
+        """Accumulate a batch of in-distribution and/or OOD points.
+
+        Args:
+            outputs: ``(B, S, C)`` per-sample logits or probabilities, ``S >= 2``.
+            target: ``(B,)`` class labels; values on OOD rows are ignored (any integer,
+                e.g. ``-1``). May be ``None`` when every row is OOD.
+            is_ood: ``True``/``False`` for the whole batch, or a ``(B,)`` bool mask.
+        """
+        if outputs.ndim != 3 or outputs.shape[1] < 2 or outputs.shape[-1] < 2:
+            raise ValueError(
+                "VarROC needs per-sample outputs (batch, samples >= 2, classes >= 2), "
+                f"got {tuple(outputs.shape)}."
+            )
+        b = outputs.shape[0]
+        ood = torch.as_tensor(is_ood, device=outputs.device)
+        if ood.dtype != torch.bool or ood.ndim not in (0, 1) or (ood.ndim == 1 and ood.shape[0] != b):
+            raise ValueError(
+                f"Expected is_ood to be a bool or a bool tensor shaped ({b},), "
+                f"got {ood.dtype} shaped {tuple(ood.shape)}."
+            )
+        ood = ood.expand(b)
+        if target is None:
+            if not bool(ood.all()):
+                raise ValueError("target is required for in-distribution rows (is_ood False).")
+            target = torch.zeros(b, dtype=torch.long, device=outputs.device)
+        _check_target(target, outputs, self.validate_args, skip=ood)
+        _check_probs(outputs, self.input_kind, self.validate_args)
+        with torch.autocast(outputs.device.type, enabled=False):
+            probs = sample_probs(outputs, self.input_kind)  # (B, S, C)
+            predicted = probs.mean(1).argmax(-1)
+            if self.score == "sum":
+                scores = probs.var(1, correction=0).sum(-1)
+            else:
+                index = predicted[:, None, None].expand(-1, probs.shape[1], 1)
+                scores = probs.gather(-1, index).squeeze(-1).var(1, correction=0)
+        groups = torch.where(predicted == target, _ID_CORRECT, _ID_WRONG)
+        groups = torch.where(ood, _OOD, groups)
+        self.scores.append(scores)
+        self.groups.append(groups.long())
+
+    def compute(self) -> Tensor:
+        """AUROC in ``[0, 1]`` (``nan`` with a warning when one label is missing)."""
+        scores = dim_zero_cat(self.scores) if len(self.scores) else torch.zeros(0, device=self.device)
+        groups = dim_zero_cat(self.groups) if len(self.groups) else torch.zeros(0, device=self.device)
+        positive = _ID_WRONG if self.mode == "id" else _OOD
+        ignored = _OOD if self.mode == "id" else _ID_WRONG
+        keep = groups != ignored
+        scores, labels = scores[keep], (groups[keep] == positive).long()
+        n_pos, n = int(labels.sum()), labels.numel()
+        if n_pos == 0 or n_pos == n:
+            rank_zero_warn(
+                f"VarROC(mode={self.mode!r}) needs both positives and correctly classified ID "
+                f"negatives; got {n_pos} positives of {n} rows. Returning nan."
+            )
+            return torch.tensor(float("nan"), device=self.device)
+        return binary_auroc(scores, labels, validate_args=False)

@@ -1,0 +1,112 @@
+"""LastLayerSampler on a user's module: fit after training, test metrics, predict samples."""
+
+import lightning as L
+import numpy as np
+import pytest
+import torch
+from scipy.special import logsumexp, softmax
+from torch import nn
+from torch.utils.data import DataLoader
+
+from callbacks.glm_sampler import LastLayerSampler
+
+
+class TinyClassifier(L.LightningModule):
+    def __init__(self, n_out=3, task="multiclass"):
+        super().__init__()
+        torch.manual_seed(0)
+        self.task = task
+        self.net = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Dropout(0.1), nn.Linear(16, n_out))
+
+    def forward(self, x):
+        return self.net(x)
+
+    def training_step(self, batch, batch_idx):
+        out = self(batch["x"])
+        if self.task == "regression":
+            return nn.functional.mse_loss(out[:, 0], batch["y"])
+        return nn.functional.cross_entropy(out, batch["y"])
+
+    def test_step(self, batch, batch_idx):
+        return None
+
+    def predict_step(self, batch, batch_idx):
+        return {"logits": self(batch["x"])}
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters(), lr=0.01)
+
+
+class TinyData(L.LightningDataModule):
+    def __init__(self, task="multiclass"):
+        super().__init__()
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(160, 4, generator=g)
+        y = (x[:, 0] + x[:, 1] > 0).long() + (x[:, 2] > 1).long() if task != "regression" else x[:, 0] * 2
+        self.rows = [{"x": x[i], "y": y[i]} for i in range(160)]
+
+    def train_dataloader(self):
+        return DataLoader(self.rows[:120], batch_size=32, shuffle=True)
+
+    def test_dataloader(self):
+        return DataLoader(self.rows[120:], batch_size=20)
+
+    def predict_dataloader(self):
+        return self.test_dataloader()
+
+
+def _trainer(tmp_path, callback):
+    return L.Trainer(max_epochs=3, logger=False, enable_progress_bar=False, enable_model_summary=False,
+                     enable_checkpointing=False, default_root_dir=tmp_path, callbacks=[callback])
+
+
+@pytest.mark.parametrize("glm", ["last_layer", "full"])
+def test_classification_metrics_equal_direct_computation(tmp_path, glm):
+    model, data = TinyClassifier(), TinyData()
+    callback = LastLayerSampler(glm=glm, n_samples=8, prior_precision=2.0, max_iters=50)
+    trainer = _trainer(tmp_path, callback)
+    trainer.fit(model, datamodule=data)
+    assert callback.sampler is not None and callback.sampler.z.shape[0] == 8
+    result = trainer.test(model, datamodule=data, verbose=False)[0]
+    test_batch = {"x": torch.stack([r["x"] for r in data.rows[120:]]),
+                  "y": torch.stack([r["y"] for r in data.rows[120:]])}
+    samples = callback.sampler.predict(test_batch).numpy().astype(np.float64)  # (B, S, C)
+    log_probs = np.log(softmax(samples, axis=-1))
+    y = test_batch["y"].numpy()
+    nll = -np.mean(logsumexp(log_probs[np.arange(len(y)), :, y], axis=1) - np.log(8))
+    assert result["uq/test/nll"] == pytest.approx(nll, rel=1e-4)
+    assert result["uq/test/lppd"] == pytest.approx(-nll, rel=1e-4)
+    assert 0.0 <= result["uq/test/ece"] <= 1.0
+    predictions = trainer.predict(model, datamodule=data)
+    assert predictions[0]["posterior_samples"].shape == (20, 8, 3)
+
+
+def test_regression_gaussian_nll_includes_noise(tmp_path):
+    model, data = TinyClassifier(n_out=1, task="regression"), TinyData("regression")
+    callback = LastLayerSampler(n_samples=6, noise_variance=0.25, max_iters=50)
+    trainer = _trainer(tmp_path, callback)
+    trainer.fit(model, datamodule=data)
+    result = trainer.test(model, datamodule=data, verbose=False)[0]
+    x = torch.stack([r["x"] for r in data.rows[120:]])
+    y = torch.stack([r["y"] for r in data.rows[120:]]).double()
+    samples = callback.sampler.predict({"x": x, "y": y})[..., 0].double()
+    mean, var = samples.mean(1), samples.var(1, unbiased=False) + 0.25
+    nll = (0.5 * torch.log(2 * torch.pi * var) + (y - mean) ** 2 / (2 * var)).mean()
+    assert result["uq/test/nll"] == pytest.approx(float(nll), rel=1e-4)
+
+
+def test_noise_variance_is_estimated_from_training_residuals(tmp_path):
+    model, data = TinyClassifier(n_out=1, task="regression"), TinyData("regression")
+    callback = LastLayerSampler(n_samples=2, max_iters=20)
+    _trainer(tmp_path, callback).fit(model, datamodule=data)
+    model.eval()
+    with torch.no_grad():
+        x = torch.stack([r["x"] for r in data.rows[:120]])
+        y = torch.stack([r["y"] for r in data.rows[:120]])
+        expected = float(((model(x)[:, 0] - y) ** 2).mean())
+    assert callback.sampler.noise_variance == pytest.approx(expected, rel=1e-5)
+
+
+def test_unknown_glm_is_rejected():
+    with pytest.raises(ValueError, match="last_layer"):
+        LastLayerSampler(glm="middle")
