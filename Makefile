@@ -8,6 +8,11 @@ RECIPE ?= recipes/tabular/lometab_diamonds.yaml
 .PHONY: run test lint bench sweep clean
 
 $(STAMP): pyproject.toml
+	@# Fashion-MNIST ships in a Debian package (see ../shared/DATA.md); install it when root.
+	@if [ ! -d /usr/share/datasets/fashion-mnist ]; then \
+	  if [ "$$(id -u)" = 0 ]; then apt-get install -y -q dataset-fashion-mnist >/dev/null || \
+	    (apt-get update -q >/dev/null && apt-get install -y -q dataset-fashion-mnist >/dev/null); \
+	  else echo "ripieno: Fashion-MNIST needs: sudo apt-get install dataset-fashion-mnist"; fi; fi
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[test]'

