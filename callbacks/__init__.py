@@ -2,6 +2,7 @@
 
 from callbacks.diversity_monitor import DiversityMonitor
 from callbacks.glm_sampler import LastLayerSampler
+from callbacks.mc_dropout import MCDropoutSampler
 from callbacks.prediction_writer import MemberPredictionWriter
 
-__all__ = ["DiversityMonitor", "LastLayerSampler", "MemberPredictionWriter"]
+__all__ = ["DiversityMonitor", "LastLayerSampler", "MCDropoutSampler", "MemberPredictionWriter"]

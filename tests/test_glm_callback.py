@@ -110,3 +110,35 @@ def test_noise_variance_is_estimated_from_training_residuals(tmp_path):
 def test_unknown_glm_is_rejected():
     with pytest.raises(ValueError, match="last_layer"):
         LastLayerSampler(glm="middle")
+
+
+def test_mc_dropout_metrics_equal_its_own_samples_and_repeat(tmp_path):
+    from callbacks import MCDropoutSampler
+
+    model, data = TinyClassifier(), TinyData()
+    callback = MCDropoutSampler(n_samples=6, seed=1)
+    trainer = _trainer(tmp_path, callback)
+    trainer.fit(model, datamodule=data)
+    first = trainer.test(model, datamodule=data, verbose=False)[0]
+    second = trainer.test(model, datamodule=data, verbose=False)[0]
+    assert first == second  # masks restart with every test run
+    callback._calls = 0
+    model.eval()
+    samples = torch.cat([callback.sample(model, b) for b in data.test_dataloader()])
+    assert samples.shape == (40, 6, 3)
+    assert not torch.allclose(samples[:, 0], samples[:, 1])  # dropout really is on
+    assert not model.net[2].training  # and off again afterwards
+    y = torch.stack([r["y"] for r in data.rows[120:]])
+    probs = torch.softmax(samples.double(), -1).mean(1)
+    nll = -probs[torch.arange(40), y].log().mean()
+    assert first["uq/test/nll"] == pytest.approx(float(nll), rel=1e-4)
+
+
+def test_mc_dropout_without_dropout_is_an_error(tmp_path):
+    from callbacks import MCDropoutSampler
+
+    model, data = TinyClassifier(), TinyData()
+    model.net[2].p = 0.0
+    trainer = _trainer(tmp_path, MCDropoutSampler(n_samples=3))
+    with pytest.raises(ValueError, match="no dropout with p > 0"):
+        trainer.fit(model, datamodule=data)

@@ -1,0 +1,172 @@
+"""PosteriorPredictiveCallback: the shared half of every post-hoc sampler callback.
+
+A subclass says how to prepare (``prepare``) and how to draw S predictions for a batch
+(``sample -> (B, S, C)``, members on axis 1, DESIGN.md); this base evaluates them. On
+``test`` it logs, under ``uq/test/``: ``ece`` (15 bins), ``nll`` and ``lppd`` of the
+posterior predictive and ``varroc_id`` (classification; ``varroc_ood`` when a test
+dataloader holds OOD inputs), or Gaussian ``nll`` (with the noise) and ``lppd``
+(regression). On ``predict`` it adds ``posterior_samples`` to each step's output dict.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+from torch.utils._pytree import tree_map
+from typing_extensions import override
+
+from framework.metrics.uq import (
+    ExpectedCalibrationError,
+    GaussianNLL,
+    LogPointwisePredictiveDensity,
+    PredictiveNLL,
+    VarROC,
+)
+from framework.uq.linearization import call_model
+
+
+def plain_copy(batch: Any) -> Any:  # noqa: ANN401
+    """Copies of inference-mode tensors, usable by autograd and ``torch.func``."""
+    return tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, batch)
+
+
+class PosteriorPredictiveCallback(Callback, ABC):
+    """Evaluate S sampled predictions per batch on test; attach them on predict.
+
+    Args:
+        input_key: key of the model input in dict batches (tuples use element 0).
+        target_key: key of the target in dict batches (tuples use element 1).
+        ood_dataloader_idx: index of a test dataloader holding OOD inputs: its batches
+            feed ``varroc_ood`` (AUROC of OOD vs correctly classified ID points) only.
+    """
+
+    #: ``regression``, ``classification`` or ``binary``; set by ``prepare``.
+    likelihood: str = "classification"
+    #: observation-noise variance for regression; set by ``prepare``.
+    noise_variance: float = 1.0
+
+    def __init__(self, input_key: str = "x", target_key: str = "y",
+                 ood_dataloader_idx: int | None = None) -> None:
+        super().__init__()
+        self.input_key, self.target_key = input_key, target_key
+        self.ood_dataloader_idx = ood_dataloader_idx
+        self._metrics: dict[str, Any] = {}
+        self.prepared = False
+
+    # ------------------------------------------------------------- subclass API
+    @abstractmethod
+    def prepare(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Fit whatever the sampler needs (posterior, statistics); set ``likelihood``."""
+
+    @abstractmethod
+    def sample(self, pl_module: L.LightningModule, batch: Any) -> torch.Tensor:  # noqa: ANN401
+        """S predictions (logits or regression means) for a batch, ``(B, S, C)``."""
+
+    # ------------------------------------------------------------------ helpers
+    def model_input(self, batch: Any) -> Any:  # noqa: ANN401
+        """The module's input in a batch."""
+        return batch[self.input_key] if isinstance(batch, dict) else batch[0]
+
+    def target(self, batch: Any) -> torch.Tensor:  # noqa: ANN401
+        """The target in a batch."""
+        return batch[self.target_key] if isinstance(batch, dict) else batch[1]
+
+    def resolve_likelihood(self, pl_module: L.LightningModule, likelihood: str = "auto") -> str:
+        """``likelihood``, or from ``pl_module.task`` when ``auto``."""
+        if likelihood != "auto":
+            return likelihood
+        task = getattr(pl_module, "task", "classification")
+        return task if task in ("regression", "binary") else "classification"
+
+    def probabilities(self, samples: torch.Tensor) -> torch.Tensor:
+        """Per-sample class probabilities ``(B, S, C)`` (two columns for a binary logit)."""
+        if self.likelihood == "binary":
+            p1 = torch.sigmoid(samples[..., 0].float())
+            return torch.stack([1 - p1, p1], dim=-1)
+        return torch.softmax(samples.float(), dim=-1)
+
+    @torch.no_grad()
+    def training_noise_variance(self, pl_module: L.LightningModule, loader: Any,  # noqa: ANN401
+                                input_fn: Any) -> float:  # noqa: ANN401
+        """Mean squared training residual of the network in eval mode (the noise MLE)."""
+        was_training = pl_module.training
+        pl_module.eval()
+        total, count = 0.0, 0
+        for batch in loader:
+            out = call_model(pl_module, input_fn(batch)).float()
+            y = plain_copy(self.target(batch)).to(out.device).float().reshape(out.shape)
+            total += float(((out - y) ** 2).sum())
+            count += out.numel()
+        pl_module.train(was_training)
+        return total / max(count, 1)
+
+    def _ensure_prepared(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not self.prepared:
+            self.prepare(trainer, pl_module)
+            self.prepared = True
+
+    # -------------------------------------------------------------------- hooks
+    @override
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.prepare(trainer, pl_module)
+        self.prepared = True
+
+    @override
+    def on_test_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._ensure_prepared(trainer, pl_module)
+        self._metrics = {}  # built on the first batch, when the class count is known
+
+    def _build_metrics(self, n_classes: int, device: torch.device) -> None:
+        if self.likelihood == "regression":
+            metrics = {"nll": GaussianNLL(), "lppd": LogPointwisePredictiveDensity(task="regression")}
+        else:
+            metrics = {"ece": ExpectedCalibrationError(num_classes=n_classes, input_kind="probs"),
+                       "nll": PredictiveNLL(input_kind="probs"),
+                       "lppd": LogPointwisePredictiveDensity(task="classification", input_kind="probs"),
+                       "varroc_id": VarROC(mode="id", input_kind="probs")}
+            if self.ood_dataloader_idx is not None:
+                metrics["varroc_ood"] = VarROC(mode="ood", input_kind="probs")
+        self._metrics = {k: m.to(device) for k, m in metrics.items()}
+
+    @override
+    def on_test_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any,  # noqa: ANN401
+                          batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:  # noqa: ANN401
+        samples = self.sample(pl_module, batch)
+        target = self.target(batch)
+        if not self._metrics:
+            self._build_metrics(max(samples.shape[-1], 2), samples.device)
+        if self.likelihood == "regression":
+            mean = samples.mean(1)
+            var = samples.var(1, unbiased=False) + self.noise_variance
+            y = target.float().reshape(mean.shape)
+            self._metrics["nll"].update(mean.flatten(), y.flatten(), var.flatten())
+            self._metrics["lppd"].update(samples, y, self.noise_variance)
+            return
+        probs = self.probabilities(samples)
+        if dataloader_idx == self.ood_dataloader_idx:  # OOD rows feed the OOD detector only
+            self._metrics["varroc_ood"].update(probs, None, is_ood=True)
+            return
+        for metric in self._metrics.values():
+            metric.update(probs, target)
+
+    @override
+    def on_test_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        for name, metric in self._metrics.items():
+            pl_module.log(f"uq/test/{name}", metric.compute(), sync_dist=False, add_dataloader_idx=False)
+            metric.reset()
+
+    @override
+    def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._ensure_prepared(trainer, pl_module)
+
+    @override
+    def on_predict_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any,  # noqa: ANN401
+                             batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:  # noqa: ANN401
+        if not isinstance(outputs, dict):
+            raise TypeError(f"{type(self).__name__} needs predict_step to return a dict to add"
+                            " posterior_samples.")
+        outputs["posterior_samples"] = self.sample(pl_module, batch)
