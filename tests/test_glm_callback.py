@@ -10,6 +10,8 @@ from torch.utils.data import DataLoader
 
 from callbacks.glm_sampler import LastLayerSampler
 
+pytestmark = pytest.mark.filterwarnings("ignore:You passed in a .val_dataloader. but have no .validation_step.")
+
 
 class TinyClassifier(L.LightningModule):
     def __init__(self, n_out=3, task="multiclass"):
@@ -46,7 +48,10 @@ class TinyData(L.LightningDataModule):
         self.rows = [{"x": x[i], "y": y[i]} for i in range(160)]
 
     def train_dataloader(self):
-        return DataLoader(self.rows[:120], batch_size=32, shuffle=True)
+        return DataLoader(self.rows[:100], batch_size=32, shuffle=True)
+
+    def val_dataloader(self):
+        return DataLoader(self.rows[100:120], batch_size=20)
 
     def test_dataloader(self):
         return DataLoader(self.rows[120:], batch_size=20)
@@ -101,8 +106,8 @@ def test_noise_variance_is_estimated_from_training_residuals(tmp_path):
     _trainer(tmp_path, callback).fit(model, datamodule=data)
     model.eval()
     with torch.no_grad():
-        x = torch.stack([r["x"] for r in data.rows[:120]])
-        y = torch.stack([r["y"] for r in data.rows[:120]])
+        x = torch.stack([r["x"] for r in data.rows[:100]])
+        y = torch.stack([r["y"] for r in data.rows[:100]])
         expected = float(((model(x)[:, 0] - y) ** 2).mean())
     assert callback.sampler.noise_variance == pytest.approx(expected, rel=1e-5)
 
@@ -142,3 +147,35 @@ def test_mc_dropout_without_dropout_is_an_error(tmp_path):
     trainer = _trainer(tmp_path, MCDropoutSampler(n_samples=3))
     with pytest.raises(ValueError, match="no dropout with p > 0"):
         trainer.fit(model, datamodule=data)
+
+
+def test_prior_precision_grid_keeps_the_best_validation_lppd(tmp_path):
+    model, data = TinyClassifier(), TinyData()
+    callback = LastLayerSampler(n_samples=20, prior_precision_grid=[0.01, 1.0, 100.0], max_iters=60)
+    trainer = _trainer(tmp_path, callback)
+    trainer.fit(model, datamodule=data)
+    scores = callback.validation_lppd
+    assert set(scores) == {0.01, 1.0, 100.0}
+    assert callback.chosen_prior_precision == max(scores, key=scores.get)
+    assert callback.sampler.prior_precision == callback.chosen_prior_precision
+    # The recorded score is the validation LPPD of the kept sampler, recomputed directly.
+    x = torch.stack([r["x"] for r in data.rows[100:120]])
+    y = torch.stack([r["y"] for r in data.rows[100:120]])
+    probs = torch.softmax(callback.sampler.predict({"x": x, "y": y}).double(), -1).mean(1)
+    assert scores[callback.chosen_prior_precision] == pytest.approx(
+        float(probs[torch.arange(20), y].log().mean()), rel=1e-4)
+    result = trainer.test(model, datamodule=data, verbose=False)[0]
+    assert result["uq/prior_precision"] == callback.chosen_prior_precision
+
+
+def test_posterior_is_refit_when_other_weights_are_loaded(tmp_path):
+    model, data = TinyClassifier(), TinyData()
+    callback = LastLayerSampler(n_samples=4, max_iters=30)
+    trainer = _trainer(tmp_path, callback)
+    trainer.fit(model, datamodule=data)
+    first = callback.sampler
+    with torch.no_grad():
+        model.net[3].weight.mul_(1.5)  # as if a different checkpoint had been loaded
+    trainer.test(model, datamodule=data, verbose=False)
+    assert callback.sampler is not first
+    assert torch.equal(callback.sampler.theta_star, callback.sampler.lin.theta_star())
