@@ -1,8 +1,15 @@
 """Lightning callbacks that work with ripieno's modules and with users' own."""
 
+from callbacks.deep_ensemble import DeepEnsembleSampler
 from callbacks.diversity_monitor import DiversityMonitor
 from callbacks.glm_sampler import LastLayerSampler
 from callbacks.mc_dropout import MCDropoutSampler
 from callbacks.prediction_writer import MemberPredictionWriter
 
-__all__ = ["DiversityMonitor", "LastLayerSampler", "MCDropoutSampler", "MemberPredictionWriter"]
+__all__ = [
+    "DeepEnsembleSampler",
+    "DiversityMonitor",
+    "LastLayerSampler",
+    "MCDropoutSampler",
+    "MemberPredictionWriter",
+]

@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader
 
 from callbacks.glm_sampler import LastLayerSampler
 
-pytestmark = pytest.mark.filterwarnings("ignore:You passed in a .val_dataloader. but have no .validation_step.")
+pytestmark = pytest.mark.filterwarnings("ignore:You passed in a .val_dataloader. but have no")
 
 
 class TinyClassifier(L.LightningModule):
@@ -179,3 +179,31 @@ def test_posterior_is_refit_when_other_weights_are_loaded(tmp_path):
     trainer.test(model, datamodule=data, verbose=False)
     assert callback.sampler is not first
     assert torch.equal(callback.sampler.theta_star, callback.sampler.lin.theta_star())
+
+
+def test_deep_ensemble_averages_member_probabilities(tmp_path):
+    from callbacks.deep_ensemble import DeepEnsembleSampler
+
+    data, paths, members = TinyData(), [], []
+    for seed in range(3):
+        torch.manual_seed(seed)
+        model = TinyClassifier()
+        torch.manual_seed(seed)
+        for p in model.parameters():
+            torch.nn.init.normal_(p, std=0.3)
+        trainer = L.Trainer(max_epochs=2, logger=False, enable_progress_bar=False,
+                            enable_model_summary=False, enable_checkpointing=False, default_root_dir=tmp_path)
+        trainer.fit(model, datamodule=data)
+        path = tmp_path / f"member{seed}.ckpt"
+        trainer.save_checkpoint(path)
+        paths.append(str(path))
+        members.append(model.eval())
+    callback = DeepEnsembleSampler([str(p) for p in paths])
+    result = _trainer(tmp_path, callback).test(TinyClassifier(), datamodule=data, verbose=False)[0]
+    x = torch.stack([r["x"] for r in data.rows[120:]])
+    y = torch.stack([r["y"] for r in data.rows[120:]])
+    with torch.no_grad():
+        probs = torch.stack([torch.softmax(m(x).double(), -1) for m in members], 1).mean(1)
+    assert result["uq/test/nll"] == pytest.approx(float(-probs[torch.arange(40), y].log().mean()), rel=1e-5)
+    with pytest.raises(FileNotFoundError, match="train the members first"):
+        DeepEnsembleSampler([str(paths[0]), str(tmp_path / "nope.ckpt")])

@@ -1,0 +1,81 @@
+"""DeepEnsembleSampler: independently trained networks as the members of a predictive.
+
+Deep ensembles (Lakshminarayanan et al., 2017) need M separate trainings, so this
+callback does not train: it loads M checkpoints of the same LightningModule class
+(trained with different seeds, e.g. ``ripieno fit ... --seed_everything=k``) and uses
+their outputs as the S = M members ``(B, M, C)`` that ``PosteriorPredictiveCallback``
+evaluates. The module under test only provides the class and the device.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import lightning as L
+import torch
+from torch.utils._pytree import tree_map
+
+from callbacks.posterior_predictive import PosteriorPredictiveCallback, plain_copy
+from framework.uq.linearization import call_model
+
+
+class DeepEnsembleSampler(PosteriorPredictiveCallback):
+    """Evaluate M trained checkpoints as one ensemble.
+
+    Args:
+        checkpoints: paths of M >= 2 checkpoints of the tested module's class.
+        likelihood: ``auto`` (from ``pl_module.task``), ``regression``,
+            ``classification`` or ``binary``.
+        noise_variance: regression noise ``sigma^2``; ``None`` uses the training MSE of
+            the module under test.
+        input_key: key of the model input in dict batches (tuples use element 0).
+        target_key: key of the target in dict batches (tuples use element 1).
+        ood_dataloader_idx: index of a test dataloader holding OOD inputs.
+    """
+
+    def __init__(
+        self,
+        checkpoints: list[str],
+        likelihood: Literal["auto", "regression", "classification", "binary"] = "auto",
+        noise_variance: float | None = None,
+        input_key: str = "x",
+        target_key: str = "y",
+        ood_dataloader_idx: int | None = None,
+    ) -> None:
+        super().__init__(input_key, target_key, ood_dataloader_idx)
+        if len(checkpoints) < 2:
+            raise ValueError(f"A deep ensemble needs at least 2 checkpoints, got {len(checkpoints)}.")
+        missing = [c for c in checkpoints if not Path(c).is_file()]
+        if missing:
+            raise FileNotFoundError(f"Checkpoint(s) not found: {missing}; train the members first.")
+        self.checkpoints = list(checkpoints)
+        self.likelihood_setting, self.noise_variance_setting = likelihood, noise_variance
+        self.members: list[L.LightningModule] = []
+
+    def _input_fn(self, pl_module: L.LightningModule) -> Any:  # noqa: ANN401
+        def input_fn(batch: Any) -> Any:  # noqa: ANN401
+            return tree_map(lambda t: t.to(pl_module.device) if isinstance(t, torch.Tensor) else t,
+                            plain_copy(self.model_input(batch)))
+        return input_fn
+
+    def prepare(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """Load the members (in eval mode, on the module's device)."""
+        cls = type(pl_module)
+        self.members = [cls.load_from_checkpoint(path, map_location=pl_module.device).eval()
+                        for path in self.checkpoints]
+        self.likelihood = self.resolve_likelihood(pl_module, self.likelihood_setting)
+        if self.likelihood == "regression":
+            noise = self.noise_variance_setting
+            if noise is None and trainer.datamodule is not None:
+                noise = self.training_noise_variance(pl_module, trainer.datamodule.train_dataloader(),
+                                                     self._input_fn(pl_module))
+            self.noise_variance = float(noise or 1.0)
+
+    @torch.no_grad()
+    def sample(self, pl_module: L.LightningModule, batch: Any) -> torch.Tensor:  # noqa: ANN401
+        """Member outputs ``(B, M, C)``."""
+        inputs = self._input_fn(pl_module)(batch)
+        outs = [call_model(member, inputs).float() for member in self.members]
+        out = torch.stack(outs, dim=1)
+        return out.reshape(out.shape[0], len(self.members), -1)
