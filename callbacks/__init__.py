@@ -3,13 +3,17 @@
 from callbacks.deep_ensemble import DeepEnsembleSampler
 from callbacks.diversity_monitor import DiversityMonitor
 from callbacks.glm_sampler import LastLayerSampler
+from callbacks.laplace_baseline import LaplaceSampler
 from callbacks.mc_dropout import MCDropoutSampler
 from callbacks.prediction_writer import MemberPredictionWriter
+from callbacks.swag import SWAGSampler
 
 __all__ = [
     "DeepEnsembleSampler",
     "DiversityMonitor",
+    "LaplaceSampler",
     "LastLayerSampler",
     "MCDropoutSampler",
     "MemberPredictionWriter",
+    "SWAGSampler",
 ]

@@ -18,6 +18,7 @@ from torch.utils._pytree import tree_map
 from typing_extensions import override
 
 from callbacks.posterior_predictive import PosteriorPredictiveCallback, plain_copy
+from framework.metrics.uq import LogPointwisePredictiveDensity
 from framework.uq.glm_sampler import GLMPosteriorSampler
 from framework.uq.linearization import FullNetworkLinearization, LastLayerLinearization
 
@@ -41,6 +42,9 @@ class LastLayerSampler(PosteriorPredictiveCallback):
             otherwise softmax classification), ``regression``, ``classification``, ``binary``.
         solver: ``cg`` or ``sgd`` (see ``GLMPosteriorSampler``).
         max_iters: CG iterations or SGD epochs.
+        prior_precision_grid: candidate ``lambda`` values; the one with the highest
+            validation LPPD (``trainer.datamodule.val_dataloader()``) is kept and logged
+            as ``uq/prior_precision`` (the same random draws serve every candidate).
         input_key: key of the model input in dict batches (tuples use element 0).
         target_key: key of the target in dict batches (tuples use element 1).
         ood_dataloader_idx: index of a test dataloader holding OOD inputs: its batches feed
@@ -58,6 +62,7 @@ class LastLayerSampler(PosteriorPredictiveCallback):
         likelihood: Literal["auto", "regression", "classification", "binary"] = "auto",
         solver: Literal["cg", "sgd"] = "cg",
         max_iters: int = 100,
+        prior_precision_grid: list[float] | None = None,
         input_key: str = "x",
         target_key: str = "y",
         ood_dataloader_idx: int | None = None,
@@ -70,6 +75,11 @@ class LastLayerSampler(PosteriorPredictiveCallback):
         self.n_samples, self.prior_precision = n_samples, prior_precision
         self.noise_variance_setting, self.likelihood_setting = noise_variance, likelihood
         self.solver, self.max_iters, self.seed = solver, max_iters, seed
+        if prior_precision_grid is not None and (not prior_precision_grid or min(prior_precision_grid) <= 0):
+            raise ValueError(f"prior_precision_grid needs positive values, got {prior_precision_grid}.")
+        self.prior_precision_grid = prior_precision_grid
+        self.chosen_prior_precision: float | None = None
+        self.validation_lppd: dict[float, float] = {}
         self.sampler: GLMPosteriorSampler | None = None
 
     @property
@@ -97,16 +107,58 @@ class LastLayerSampler(PosteriorPredictiveCallback):
             if likelihood == "regression" and noise is None:
                 noise = self.training_noise_variance(pl_module, loader, input_fn)
                 rank_zero_info(f"LastLayerSampler: noise_variance estimated as {noise:.4g}")
-            self.sampler = GLMPosteriorSampler(
-                lin, likelihood, prior_precision=self.prior_precision, noise_variance=noise or 1.0,
-                n_samples=self.n_samples, solver=self.solver, max_iters=self.max_iters, seed=self.seed,
-            ).fit(loader, lambda b: plain_copy(self.target(b)).to(pl_module.device))
+            self.likelihood = likelihood
+            grid = self.prior_precision_grid or [self.prior_precision]
+            best: tuple[float, float, GLMPosteriorSampler] | None = None
+            for lam in grid:
+                sampler = GLMPosteriorSampler(
+                    lin, likelihood, prior_precision=lam, noise_variance=noise or 1.0,
+                    n_samples=self.n_samples, solver=self.solver, max_iters=self.max_iters, seed=self.seed,
+                ).fit(loader, lambda b: plain_copy(self.target(b)).to(pl_module.device))
+                score = self._validation_lppd(trainer, sampler) if len(grid) > 1 else 0.0
+                self.validation_lppd[lam] = score
+                if best is None or score > best[0]:
+                    best = (score, lam, sampler)
+            assert best is not None
+            _, self.chosen_prior_precision, self.sampler = best
+            if len(grid) > 1:
+                rank_zero_info(f"LastLayerSampler: prior_precision={self.chosen_prior_precision:g} has the"
+                               f" best validation LPPD ({best[0]:.4f}) of {grid}")
         self.likelihood, self.noise_variance = likelihood, self.sampler.noise_variance
         return self.sampler
+
+    def _validation_lppd(self, trainer: L.Trainer, sampler: GLMPosteriorSampler) -> float:
+        """Mean log predictive density of the validation split under ``sampler``."""
+        loader = trainer.datamodule.val_dataloader() if trainer.datamodule is not None else None
+        if loader is None:
+            raise RuntimeError("prior_precision_grid needs a datamodule with a val_dataloader.")
+        kind = "regression" if self.likelihood == "regression" else "classification"
+        metric = LogPointwisePredictiveDensity(task=kind, input_kind="probs")
+        for batch in loader:
+            samples = sampler.predict(batch)
+            target = plain_copy(self.target(batch)).to(samples.device)
+            if kind == "regression":
+                metric.update(samples.cpu(), target.float().reshape(samples[:, 0].shape).cpu(),
+                              sampler.noise_variance)
+            else:
+                metric.update(self.probabilities(samples).cpu(), target.cpu())
+        return float(metric.compute())
 
     def prepare(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Fit the posterior (called after ``fit``, or before the first test/predict)."""
         self.fit_posterior(trainer, pl_module)
+
+    def is_stale(self, pl_module: L.LightningModule) -> bool:
+        """Whether the weights changed since the fit (e.g. the best checkpoint was loaded)."""
+        if self.sampler is None:
+            return True
+        return not torch.equal(self.sampler.lin.theta_star(), self.sampler.theta_star)
+
+    @override
+    def on_test_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_test_epoch_end(trainer, pl_module)
+        if self.chosen_prior_precision is not None:
+            pl_module.log("uq/prior_precision", float(self.chosen_prior_precision))
 
     def sample(self, pl_module: L.LightningModule, batch: Any) -> torch.Tensor:  # noqa: ANN401
         """Linearised predictions of the S posterior samples, ``(B, S, C)``."""

@@ -16,6 +16,7 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_info
 from torch.utils._pytree import tree_map
 from typing_extensions import override
 
@@ -104,7 +105,15 @@ class PosteriorPredictiveCallback(Callback, ABC):
         pl_module.train(was_training)
         return total / max(count, 1)
 
+    def is_stale(self, pl_module: L.LightningModule) -> bool:
+        """Whether ``prepare`` must run again (e.g. other weights were loaded); default no."""
+        return False
+
     def _ensure_prepared(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.prepared and self.is_stale(pl_module):
+            rank_zero_info(f"{type(self).__name__}: the weights changed since it was prepared (a"
+                           " checkpoint was loaded); preparing again for these weights.")
+            self.prepared = False
         if not self.prepared:
             self.prepare(trainer, pl_module)
             self.prepared = True

@@ -1,6 +1,7 @@
 """LightningModules of ripieno's methods."""
 
+from framework.methods.image_classifier import ImageClassifier
 from framework.methods.loss_terms import LossTermsMixin
 from framework.methods.tabular_ensemble import TabularEnsembleModule
 
-__all__ = ["LossTermsMixin", "TabularEnsembleModule"]
+__all__ = ["ImageClassifier", "LossTermsMixin", "TabularEnsembleModule"]

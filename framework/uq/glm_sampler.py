@@ -3,8 +3,8 @@ r"""Exact posterior samples of a linearised network by sample-then-optimise.
 Model: ``f_lin(x; theta) = f(x; theta*) + J(x) z`` with ``z = theta - theta*``, prior
 ``z ~ N(0, 1/lambda I)`` (prior centred at the trained weights), and a likelihood whose
 Hessian in the outputs is ``Lambda(x)``: ``I / sigma^2`` for Gaussian regression, the
-softmax Hessian ``diag(p) - p p^T`` at ``theta*`` for classification (generalised
-Gauss-Newton). The Laplace / GGN posterior is ``z ~ N(0, H^{-1})`` with
+softmax Hessian ``diag(p) - p p^T`` at ``theta*`` for classification, ``p (1 - p)`` for a
+single sigmoid logit (generalised Gauss-Newton). The Laplace / GGN posterior is ``z ~ N(0, H^{-1})`` with
 ``H = sum_i J_i^T Lambda_i J_i + lambda I``.
 
 Randomise-then-optimise (Antoran et al., 2023, eq. 7): draw ``z0 ~ N(0, 1/lambda I)`` and
@@ -42,7 +42,7 @@ from torch import Tensor
 
 from framework.uq.linearization import FullNetworkLinearization, LastLayerLinearization
 
-Likelihood = Literal["regression", "classification"]
+Likelihood = Literal["regression", "classification", "binary"]
 TargetFn = Callable[[Any], Tensor]
 
 
@@ -52,8 +52,8 @@ class GLMPosteriorSampler:
     Args:
         linearization: a ``LastLayerLinearization`` (LL-GLM) or
             ``FullNetworkLinearization`` (DNN-GLM).
-        likelihood: ``regression`` (Gaussian, ``noise_variance``) or ``classification``
-            (softmax; outputs are logits).
+        likelihood: ``regression`` (Gaussian, ``noise_variance``), ``classification``
+            (softmax over logits) or ``binary`` (one logit, sigmoid).
         prior_precision: ``lambda``.
         noise_variance: ``sigma^2`` (regression).
         n_samples: ``S``.
@@ -82,8 +82,10 @@ class GLMPosteriorSampler:
         momentum: float = 0.9,
         seed: int = 0,
     ) -> None:
-        if likelihood not in ("regression", "classification"):
-            raise ValueError(f"likelihood must be regression or classification, got {likelihood!r}.")
+        if likelihood not in ("regression", "classification", "binary"):
+            raise ValueError(
+                f"likelihood must be regression, classification or binary, got {likelihood!r}."
+            )
         if center not in ("map", "bayes") or (center == "bayes" and likelihood != "regression"):
             raise ValueError("center must be 'map', or 'bayes' for regression only.")
         if solver not in ("cg", "sgd"):
@@ -118,6 +120,9 @@ class GLMPosteriorSampler:
         """``Lambda u`` for cotangents ``u (S, B, C)`` at outputs ``(B, C)``."""
         if self.likelihood == "regression":
             return u / self.noise_variance
+        if self.likelihood == "binary":
+            p = torch.sigmoid(outputs)
+            return p * (1 - p) * u
         p = torch.softmax(outputs, dim=-1)
         return p * u - p * (p * u).sum(-1, keepdim=True)
 
@@ -125,6 +130,9 @@ class GLMPosteriorSampler:
         """``R e`` with ``R R^T = Lambda``: a draw with covariance ``Lambda``."""
         if self.likelihood == "regression":
             return e / math.sqrt(self.noise_variance)
+        if self.likelihood == "binary":
+            p = torch.sigmoid(outputs)
+            return (p * (1 - p)).sqrt() * e
         p = torch.softmax(outputs, dim=-1)
         sqrt_p = p.sqrt()
         return sqrt_p * e - p * (sqrt_p * e).sum(-1, keepdim=True)

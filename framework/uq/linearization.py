@@ -29,6 +29,11 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 InputFn = Callable[[Any], Any]
 
 
+def call_model(model: nn.Module, inputs: Any) -> Tensor:  # noqa: ANN401
+    """``model(*inputs)`` for a tuple of inputs, else ``model(inputs)``."""
+    return model(*inputs) if isinstance(inputs, tuple) else model(inputs)
+
+
 def find_last_linear(model: nn.Module, name: str | None = None) -> tuple[str, nn.Linear]:
     """The module named ``name``, or the last ``nn.Linear`` registered in ``model``.
 
@@ -57,7 +62,7 @@ class LastLayerLinearization:
 
     Args:
         model: the trained network (kept frozen).
-        input_fn: maps a batch to the model's positional input.
+        input_fn: maps a batch to the model's input (a tuple is unpacked as arguments).
         last_layer_name: name of the last ``nn.Linear`` (default: the last one found).
     """
 
@@ -75,7 +80,7 @@ class LastLayerLinearization:
         captured: list[Tensor] = []
         handle = self.layer.register_forward_hook(lambda m, inp, out: captured.append(inp[0]))
         try:
-            outputs = self.model(self.input_fn(batch))
+            outputs = call_model(self.model, self.input_fn(batch))
         finally:
             handle.remove()
         if not captured:
@@ -105,7 +110,7 @@ class FullNetworkLinearization:
 
     Args:
         model: the trained network (kept frozen, evaluated in eval mode by the caller).
-        input_fn: maps a batch to the model's positional input.
+        input_fn: maps a batch to the model's input (a tuple is unpacked as arguments).
     """
 
     def __init__(self, model: nn.Module, input_fn: InputFn) -> None:
@@ -132,9 +137,10 @@ class FullNetworkLinearization:
 
     def _function(self, batch: Any) -> Callable[[dict[str, Tensor]], Tensor]:  # noqa: ANN401
         inputs = self.input_fn(batch)
+        args = inputs if isinstance(inputs, tuple) else (inputs,)
 
         def f(params: dict[str, Tensor]) -> Tensor:
-            out = functional_call(self.model, (params, self.buffers), (inputs,))
+            out = functional_call(self.model, (params, self.buffers), args)
             return out.float().reshape(out.shape[0], -1)
 
         return f
