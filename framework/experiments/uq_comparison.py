@@ -3,10 +3,11 @@ r"""Compare post-hoc and ensemble uncertainty methods on one trained image class
 One network is trained from a recipe (seed 0, fixed epochs, SWAG moments collected on the
 way); every method then tests the same weights with the same data: MAP (the network
 alone), LL-GLM (``LastLayerSampler``, prior precision chosen on validation LPPD from a
-grid), DNN-GLM (the same lambda, ``--dnn_iters`` CG steps), MC-dropout, SWAG, linearised Laplace (laplace-torch, last layer, kron,
-when installed) and a deep ensemble of ``--members`` networks trained with seeds
-0..M-1. Rows: accuracy, ECE, NLL, LPPD, VARROC-ID, VARROC-OOD and the method's seconds
-(preparation + test). Output: CSV and markdown.
+grid), DNN-GLM (the same lambda, ``--dnn_iters`` CG steps), MC-dropout, SWAG, linearised
+Laplace (laplace-torch, last layer, kron, when installed) and a deep ensemble of
+``--members`` networks trained with seeds 0..M-1. Rows: accuracy, ECE, NLL, LPPD,
+VARROC-ID, VARROC-OOD and the method's seconds (preparation + test). Output: CSV and
+markdown.
 
 Example::
 
