@@ -148,7 +148,8 @@ class GLMPosteriorSampler:
     @torch.no_grad()
     def _right_hand_side(self, generator: torch.Generator) -> Tensor:
         s, p, lam = self.n_samples, self.lin.n_params, self.prior_precision
-        rhs = torch.randn(s, p, generator=generator) * math.sqrt(lam)  # lambda * z0
+        # Draws come from the sampler's CPU generator (reproducible on any device), then move.
+        rhs = (torch.randn(s, p, generator=generator) * math.sqrt(lam)).to(self.theta_star.device)
         self.n_train = 0
         for features, outputs, target in self._passes():
             self.n_train += outputs.shape[0]
