@@ -2,8 +2,8 @@
 
 A subclass says how to prepare (``prepare``) and how to draw S predictions for a batch
 (``sample -> (B, S, C)``, members on axis 1, DESIGN.md); this base evaluates them. On
-``test`` it logs, under ``uq/test/``: ``ece`` (15 bins), ``nll`` and ``lppd`` of the
-posterior predictive and ``varroc_id`` (classification; ``varroc_ood`` when a test
+``test`` it logs, under ``uq/test/``: ``accuracy``, ``ece`` (15 bins), ``nll`` and ``lppd``
+of the posterior predictive and ``varroc_id`` (classification; ``varroc_ood`` when a test
 dataloader holds OOD inputs), or Gaussian ``nll`` (with the noise) and ``lppd``
 (regression). On ``predict`` it adds ``posterior_samples`` to each step's output dict.
 """
@@ -18,6 +18,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils._pytree import tree_map
+from torchmetrics.classification import MulticlassAccuracy
 from typing_extensions import override
 
 from framework.metrics.uq import (
@@ -133,7 +134,8 @@ class PosteriorPredictiveCallback(Callback, ABC):
         if self.likelihood == "regression":
             metrics = {"nll": GaussianNLL(), "lppd": LogPointwisePredictiveDensity(task="regression")}
         else:
-            metrics = {"ece": ExpectedCalibrationError(num_classes=n_classes, input_kind="probs"),
+            metrics = {"accuracy": MulticlassAccuracy(num_classes=n_classes),
+                       "ece": ExpectedCalibrationError(num_classes=n_classes, input_kind="probs"),
                        "nll": PredictiveNLL(input_kind="probs"),
                        "lppd": LogPointwisePredictiveDensity(task="classification", input_kind="probs"),
                        "varroc_id": VarROC(mode="id", input_kind="probs")}
@@ -159,8 +161,8 @@ class PosteriorPredictiveCallback(Callback, ABC):
         if dataloader_idx == self.ood_dataloader_idx:  # OOD rows feed the OOD detector only
             self._metrics["varroc_ood"].update(probs, None, is_ood=True)
             return
-        for metric in self._metrics.values():
-            metric.update(probs, target)
+        for name, metric in self._metrics.items():
+            metric.update(probs.mean(1) if name == "accuracy" else probs, target)
 
     @override
     def on_test_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

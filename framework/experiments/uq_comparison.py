@@ -34,7 +34,7 @@ from framework.cli import RipienoCLI
 from framework.experiments.runs import normalize_overrides, quiet_lightning
 
 GRID = [0.01, 0.1, 1.0, 10.0, 100.0, 1000.0]
-COLUMNS = {"test/accuracy": "accuracy", "uq/test/ece": "ece", "uq/test/nll": "nll", "uq/test/lppd": "lppd",
+COLUMNS = {"uq/test/accuracy": "accuracy", "uq/test/ece": "ece", "uq/test/nll": "nll", "uq/test/lppd": "lppd",
            "uq/test/varroc_id": "varroc_id", "uq/test/varroc_ood": "varroc_ood",
            "uq/prior_precision": "prior_precision"}
 
@@ -63,7 +63,8 @@ def evaluate(cli: Any, name: str, callback: Callback | None, root: Path) -> dict
         merged.update(result)
     row: dict[str, Any] = {"method": name, "seconds": round(time.perf_counter() - start, 1)}
     if callback is None:  # the network alone: its own calibration metrics
-        merged = {**merged, "uq/test/ece": merged.get("test/ece"), "uq/test/nll": merged.get("test/nll")}
+        merged = {**merged, "uq/test/ece": merged.get("test/ece"), "uq/test/nll": merged.get("test/nll"),
+                  "uq/test/accuracy": merged.get("test/accuracy")}
         if merged.get("uq/test/nll") is not None:
             merged["uq/test/lppd"] = -merged["uq/test/nll"]
     for key, column in COLUMNS.items():
