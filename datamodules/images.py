@@ -31,15 +31,14 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-import lightning as L
 import numpy as np
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from sklearn.model_selection import train_test_split
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset
 
-from datamodules.tabular import EpochSeededRandomSampler, collate_batch
+from datamodules.base import SplitDataModule
 from framework.image_spec import ImageSpec
 
 FASHION_MNIST_DEBIAN_ROOT = "/usr/share/datasets/fashion-mnist"
@@ -305,7 +304,7 @@ def _check_labels(y: np.ndarray, n_classes: int, where: str) -> None:
 
 
 # ------------------------------------------------------------------------ datamodule
-class ImageDataModule(L.LightningDataModule):
+class ImageDataModule(SplitDataModule):
     """Train/val/test splits of an image data set, plus an optional OOD set.
 
     Batches are dicts ``{"x": float (B, C, H, W), "y": long (B,)}``; OOD batches carry
@@ -361,32 +360,11 @@ class ImageDataModule(L.LightningDataModule):
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
-        self._spec: ImageSpec | None = None
-        self._splits: dict[str, ImageArrayDataset] = {}
 
-    # ----------------------------------------------------------------------------- API
     @property
     def spec(self) -> ImageSpec:
         """The data's spec; prepares (loads, validates, splits) on first use."""
-        if self._spec is None:
-            self._prepare()
-        assert self._spec is not None
-        return self._spec
-
-    def setup(self, stage: str | None = None) -> None:
-        """Prepare the splits (idempotent; identical on every DDP rank)."""
-        if self._spec is None:
-            self._prepare()
-
-    def train_dataloader(self) -> DataLoader:
-        """Shuffled training batches (order seeded by ``split_seed`` and the epoch)."""
-        data = self._split("train")
-        sampler = EpochSeededRandomSampler(len(data), seed=self.hparams.split_seed)
-        return self._loader(data, self.hparams.batch_size, sampler=sampler)
-
-    def val_dataloader(self) -> DataLoader:
-        """ID validation batches in a fixed order."""
-        return self._loader(self._split("val"), self.hparams.eval_batch_size)
+        return super().spec
 
     def test_dataloader(self) -> DataLoader | list[DataLoader]:
         """ID test batches, or ``[id_test, ood]`` when an OOD source is set."""
@@ -399,36 +377,9 @@ class ImageDataModule(L.LightningDataModule):
             raise ImageDataError("No OOD data: set data.ood_dataset (e.g. mnist_5k for fashion_mnist).")
         return self._loader(self._split("ood"), self.hparams.eval_batch_size)
 
-    def predict_dataloader(self) -> DataLoader:
-        """The ID test split, for ``predict`` (use ``ood_dataloader()`` for OOD predictions)."""
-        return self._loader(self._split("test"), self.hparams.eval_batch_size)
-
     def split_sizes(self) -> dict[str, int]:
         """Images per split (``ood`` included when set)."""
-        self.setup()
-        return {name: len(data) for name, data in self._splits.items()}
-
-    def state_dict(self) -> dict[str, Any]:
-        """The spec, so a resumed run can check it trains on the same data."""
-        return {"spec": self.spec.to_dict()}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Warn when the checkpoint's data spec differs from the current one."""
-        saved = state_dict.get("spec")
-        if saved is not None and saved != self.spec.to_dict():
-            rank_zero_warn("The checkpoint was trained on differently prepared data (spec differs).")
-
-    # ------------------------------------------------------------------------ internals
-    def _split(self, name: str) -> ImageArrayDataset:
-        self.setup()
-        return self._splits[name]
-
-    def _loader(self, data: Dataset, batch_size: int, sampler: Sampler | None = None) -> DataLoader:
-        return DataLoader(
-            data, batch_size=batch_size, sampler=sampler, collate_fn=collate_batch,
-            num_workers=self.hparams.num_workers,
-            persistent_workers=self.hparams.num_workers > 0,
-        )
+        return super().split_sizes()
 
     def _check_args(self) -> None:
         hp = self.hparams

@@ -8,9 +8,8 @@ model), so errors come before any training.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
-import lightning as L
 import numpy as np
 import pandas as pd
 import torch
@@ -18,8 +17,10 @@ from lightning.pytorch.utilities import rank_zero_warn
 from sklearn.model_selection import train_test_split
 from sklearn.preprocessing import QuantileTransformer, StandardScaler
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import Dataset
 
+# EpochSeededRandomSampler and collate_batch landed here first: re-exported for existing imports.
+from datamodules.base import EpochSeededRandomSampler, SplitDataModule, collate_batch  # noqa: F401
 from datamodules.tabular_sources import SOURCES
 from framework.nn.embeddings import compute_bins
 from framework.tabular_spec import TabularSpec
@@ -46,34 +47,7 @@ class TabularTensorDataset(Dataset):
         return {"x_num": self.x_num[idx], "x_cat": self.x_cat[idx], "y": self.y[idx]}
 
 
-def collate_batch(batch: dict[str, Tensor]) -> dict[str, Tensor]:
-    """Identity collate: ``__getitems__`` already returns a batch."""
-    return batch
-
-
-class EpochSeededRandomSampler(Sampler[int]):
-    """Random order that depends only on ``(seed, epoch)``.
-
-    Lightning calls ``set_epoch`` each epoch, so a resumed run draws the same order as
-    an uninterrupted one (the default sampler draws from the global RNG instead).
-    """
-
-    def __init__(self, n: int, seed: int = 0) -> None:
-        self.n, self.seed, self.epoch = n, seed, 0
-
-    def set_epoch(self, epoch: int) -> None:
-        """Select the permutation of this epoch."""
-        self.epoch = epoch
-
-    def __iter__(self):  # noqa: ANN204
-        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
-        return iter(torch.randperm(self.n, generator=generator).tolist())
-
-    def __len__(self) -> int:
-        return self.n
-
-
-class TabularDataModule(L.LightningDataModule):
+class TabularDataModule(SplitDataModule):
     """Train/val/test splits of one table for tabular ensembles.
 
     Sources: a shipped data set by name (``datamodules.tabular_sources.SOURCES``:
@@ -134,57 +108,11 @@ class TabularDataModule(L.LightningDataModule):
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
-        self._spec: TabularSpec | None = None
-        self._splits: dict[str, TabularTensorDataset] = {}
 
-    # ----------------------------------------------------------------------------- API
     @property
     def spec(self) -> TabularSpec:
         """The data's spec; prepares (loads, validates, splits, preprocesses) on first use."""
-        if self._spec is None:
-            self._prepare()
-        assert self._spec is not None
-        return self._spec
-
-    def setup(self, stage: str | None = None) -> None:
-        """Prepare the splits (idempotent; identical on every DDP rank)."""
-        if self._spec is None:
-            self._prepare()
-
-    def train_dataloader(self) -> DataLoader:
-        """Shuffled training batches (order seeded by ``split_seed`` and the epoch)."""
-        data = self._split("train")
-        sampler = EpochSeededRandomSampler(len(data), seed=self.hparams.split_seed)
-        return self._loader(data, self.hparams.batch_size, sampler=sampler)
-
-    def val_dataloader(self) -> DataLoader:
-        """Validation batches in file order."""
-        return self._loader(self._split("val"), self.hparams.eval_batch_size)
-
-    def test_dataloader(self) -> DataLoader:
-        """Test batches in file order."""
-        return self._loader(self._split("test"), self.hparams.eval_batch_size)
-
-    def predict_dataloader(self) -> DataLoader:
-        """The test split, for ``predict``."""
-        return self.test_dataloader()
-
-    def split_sizes(self) -> dict[str, int]:
-        """Rows per split."""
-        self.setup()
-        return {name: len(data) for name, data in self._splits.items()}
-
-    # ------------------------------------------------------------------------ internals
-    def _split(self, name: str) -> TabularTensorDataset:
-        self.setup()
-        return self._splits[name]
-
-    def _loader(self, data: Dataset, batch_size: int, sampler: Sampler | None = None) -> DataLoader:
-        return DataLoader(
-            data, batch_size=batch_size, sampler=sampler, collate_fn=collate_batch,
-            num_workers=self.hparams.num_workers,
-            persistent_workers=self.hparams.num_workers > 0,
-        )
+        return super().spec
 
     def _load_frame(self) -> tuple[pd.DataFrame, str, list[str], list[str], str, str]:
         hp = self.hparams
@@ -270,16 +198,6 @@ class TabularDataModule(L.LightningDataModule):
         for name, rows in (("train", train_idx), ("val", val_idx), ("test", test_idx)):
             rows_t = torch.as_tensor(rows)
             self._splits[name] = TabularTensorDataset(x_num_t[rows_t], x_cat_t[rows_t], y_tensor[rows_t])
-
-    def state_dict(self) -> dict[str, Any]:
-        """The spec, so a resumed run can check it trains on the same preprocessing."""
-        return {"spec": self.spec.to_dict()}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Warn when the checkpoint's data spec differs from the current one."""
-        saved = state_dict.get("spec")
-        if saved is not None and saved != self.spec.to_dict():
-            rank_zero_warn("The checkpoint was trained on differently prepared data (spec differs).")
 
 
 # ------------------------------------------------------------------------- validation

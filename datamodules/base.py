@@ -1,0 +1,120 @@
+"""SplitDataModule: what every ripieno datamodule shares.
+
+A datamodule prepares once (load, validate, split, fit preprocessing on the training
+split), describes the result in a ``spec`` that the CLI links into the model, and serves
+in-memory splits whose ``__getitems__`` returns whole batches. Preparation is lazy and
+idempotent, and identical on every DDP rank (seeded); training order depends only on the
+split seed and the epoch (``EpochSeededRandomSampler``), so resumed runs match.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.utilities import rank_zero_warn
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+
+def collate_batch(batch: dict[str, Tensor]) -> dict[str, Tensor]:
+    """Identity collate: ``__getitems__`` already returns a batch."""
+    return batch
+
+
+class EpochSeededRandomSampler(Sampler[int]):
+    """Random order that depends only on ``(seed, epoch)``.
+
+    Lightning calls ``set_epoch`` each epoch, so a resumed run draws the same order as
+    an uninterrupted one (the default sampler draws from the global RNG instead).
+    """
+
+    def __init__(self, n: int, seed: int = 0) -> None:
+        self.n, self.seed, self.epoch = n, seed, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the permutation of this epoch."""
+        self.epoch = epoch
+
+    def __iter__(self):  # noqa: ANN204
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        return iter(torch.randperm(self.n, generator=generator).tolist())
+
+    def __len__(self) -> int:
+        return self.n
+
+
+class SplitDataModule(L.LightningDataModule):
+    """Lazy, validated, seeded splits held in memory, described by ``spec``.
+
+    Subclasses implement ``_prepare`` (set ``self._spec`` and ``self._splits`` with at
+    least ``train``, ``val`` and ``test``) and keep ``split_seed``, ``batch_size``,
+    ``eval_batch_size`` and ``num_workers`` in their hyperparameters.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._spec: Any = None
+        self._splits: dict[str, Dataset] = {}
+
+    @abstractmethod
+    def _prepare(self) -> None:
+        """Load, validate, split and preprocess; set ``_spec`` and ``_splits``."""
+
+    @property
+    def spec(self) -> Any:  # noqa: ANN401
+        """The data's spec; prepares on first use."""
+        if self._spec is None:
+            self._prepare()
+        return self._spec
+
+    def setup(self, stage: str | None = None) -> None:
+        """Prepare the splits (idempotent; identical on every DDP rank)."""
+        if self._spec is None:
+            self._prepare()
+
+    def train_dataloader(self) -> DataLoader:
+        """Shuffled training batches (order seeded by ``split_seed`` and the epoch)."""
+        data = self._split("train")
+        sampler = EpochSeededRandomSampler(len(data), seed=self.hparams.split_seed)
+        return self._loader(data, self.hparams.batch_size, sampler=sampler)
+
+    def val_dataloader(self) -> DataLoader:
+        """Validation batches in a fixed order."""
+        return self._loader(self._split("val"), self.hparams.eval_batch_size)
+
+    def test_dataloader(self) -> DataLoader | list[DataLoader]:
+        """Test batches in a fixed order."""
+        return self._loader(self._split("test"), self.hparams.eval_batch_size)
+
+    def predict_dataloader(self) -> DataLoader:
+        """The test split, for ``predict``."""
+        return self._loader(self._split("test"), self.hparams.eval_batch_size)
+
+    def split_sizes(self) -> dict[str, int]:
+        """Rows per split."""
+        self.setup()
+        return {name: len(data) for name, data in self._splits.items()}
+
+    def state_dict(self) -> dict[str, Any]:
+        """The spec, so a resumed run can check it trains on the same preprocessing."""
+        return {"spec": self.spec.to_dict()}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Warn when the checkpoint's data spec differs from the current one."""
+        saved = state_dict.get("spec")
+        if saved is not None and saved != self.spec.to_dict():
+            rank_zero_warn("The checkpoint was trained on differently prepared data (spec differs).")
+
+    def _split(self, name: str) -> Any:  # noqa: ANN401
+        self.setup()
+        return self._splits[name]
+
+    def _loader(self, data: Dataset, batch_size: int, sampler: Sampler | None = None) -> DataLoader:
+        return DataLoader(
+            data, batch_size=batch_size, sampler=sampler, collate_fn=collate_batch,
+            num_workers=self.hparams.num_workers,
+            persistent_workers=self.hparams.num_workers > 0,
+        )
