@@ -63,7 +63,7 @@ class LastLayerSampler(PosteriorPredictiveCallback):
         solver: Literal["cg", "sgd"] = "cg",
         max_iters: int = 100,
         prior_precision_grid: list[float] | None = None,
-        input_key: str = "x",
+        input_key: str | list[str] = "x",
         target_key: str = "y",
         ood_dataloader_idx: int | None = None,
         seed: int = 0,

@@ -104,7 +104,7 @@ class LaplaceSampler(PosteriorPredictiveCallback):
         prior_structure: Literal["scalar", "layerwise", "diag"] = "scalar",
         noise_variance: float | None = None,
         likelihood: Literal["auto", "regression", "classification"] = "auto",
-        input_key: str = "x",
+        input_key: str | list[str] = "x",
         target_key: str = "y",
         ood_dataloader_idx: int | None = None,
         seed: int = 0,

@@ -40,7 +40,8 @@ class PosteriorPredictiveCallback(Callback, ABC):
     """Evaluate S sampled predictions per batch on test; attach them on predict.
 
     Args:
-        input_key: key of the model input in dict batches (tuples use element 0).
+        input_key: key of the model input in dict batches (tuples use element 0); a list
+            of keys passes a dict of them (e.g. ``[input_ids, attention_mask]``).
         target_key: key of the target in dict batches (tuples use element 1).
         ood_dataloader_idx: index of a test dataloader holding OOD inputs: its batches
             feed ``varroc_ood`` (AUROC of OOD vs correctly classified ID points) only.
@@ -51,7 +52,7 @@ class PosteriorPredictiveCallback(Callback, ABC):
     #: observation-noise variance for regression; set by ``prepare``.
     noise_variance: float = 1.0
 
-    def __init__(self, input_key: str = "x", target_key: str = "y",
+    def __init__(self, input_key: str | list[str] = "x", target_key: str = "y",
                  ood_dataloader_idx: int | None = None) -> None:
         super().__init__()
         self.input_key, self.target_key = input_key, target_key
@@ -70,7 +71,9 @@ class PosteriorPredictiveCallback(Callback, ABC):
 
     # ------------------------------------------------------------------ helpers
     def model_input(self, batch: Any) -> Any:  # noqa: ANN401
-        """The module's input in a batch."""
+        """The module's input in a batch (a dict of several keys when ``input_key`` is a list)."""
+        if isinstance(self.input_key, list | tuple):
+            return {key: batch[key] for key in self.input_key}
         return batch[self.input_key] if isinstance(batch, dict) else batch[0]
 
     def target(self, batch: Any) -> torch.Tensor:  # noqa: ANN401

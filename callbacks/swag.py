@@ -99,7 +99,7 @@ class SWAGSampler(PosteriorPredictiveCallback):
         scale: float = 1.0,
         likelihood: Literal["auto", "regression", "classification", "binary"] = "auto",
         noise_variance: float | None = None,
-        input_key: str = "x",
+        input_key: str | list[str] = "x",
         target_key: str = "y",
         ood_dataloader_idx: int | None = None,
         seed: int = 0,

@@ -3,6 +3,15 @@
 from framework.image_spec import ImageSpec
 from framework.methods.image_classifier import ImageClassifier
 from framework.methods.tabular_ensemble import TabularEnsembleModule
+from framework.methods.text_classifier import TextClassifier
 from framework.tabular_spec import TabularSpec
+from framework.text_spec import TextSpec
 
-__all__ = ["ImageClassifier", "ImageSpec", "TabularEnsembleModule", "TabularSpec"]
+__all__ = [
+    "ImageClassifier",
+    "ImageSpec",
+    "TabularEnsembleModule",
+    "TabularSpec",
+    "TextClassifier",
+    "TextSpec",
+]
