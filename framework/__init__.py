@@ -3,6 +3,7 @@
 from framework.image_spec import ImageSpec
 from framework.methods.image_classifier import ImageClassifier
 from framework.methods.tabular_ensemble import TabularEnsembleModule
+from framework.methods.tabular_mlp import TabularMLP
 from framework.methods.text_classifier import TextClassifier
 from framework.tabular_spec import TabularSpec
 from framework.text_spec import TextSpec
@@ -11,6 +12,7 @@ __all__ = [
     "ImageClassifier",
     "ImageSpec",
     "TabularEnsembleModule",
+    "TabularMLP",
     "TabularSpec",
     "TextClassifier",
     "TextSpec",
