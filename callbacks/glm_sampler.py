@@ -19,7 +19,7 @@ from typing_extensions import override
 
 from callbacks.posterior_predictive import PosteriorPredictiveCallback, plain_copy
 from framework.metrics.uq import LogPointwisePredictiveDensity
-from framework.uq.glm_sampler import GLMPosteriorSampler
+from framework.uq.glm_sampler import GLMPosteriorSampler, last_layer_log_evidence
 from framework.uq.linearization import FullNetworkLinearization, LastLayerLinearization
 
 
@@ -45,6 +45,9 @@ class LastLayerSampler(PosteriorPredictiveCallback):
         prior_precision_grid: candidate ``lambda`` values; the one with the highest
             validation LPPD (``trainer.datamodule.val_dataloader()``) is kept and logged
             as ``uq/prior_precision`` (the same random draws serve every candidate).
+        selection: how a grid is scored: ``validation`` (LPPD on the validation split) or
+            ``evidence`` (last-layer regression only: the closed-form log marginal likelihood
+            of the training data under the linearised model, prior centred at ``theta*``).
         input_key: key of the model input in dict batches (tuples use element 0).
         target_key: key of the target in dict batches (tuples use element 1).
         ood_dataloader_idx: index of a test dataloader holding OOD inputs: its batches feed
@@ -63,6 +66,7 @@ class LastLayerSampler(PosteriorPredictiveCallback):
         solver: Literal["cg", "sgd"] = "cg",
         max_iters: int = 100,
         prior_precision_grid: list[float] | None = None,
+        selection: Literal["validation", "evidence"] = "validation",
         input_key: str | list[str] = "x",
         target_key: str = "y",
         ood_dataloader_idx: int | None = None,
@@ -78,6 +82,12 @@ class LastLayerSampler(PosteriorPredictiveCallback):
         if prior_precision_grid is not None and (not prior_precision_grid or min(prior_precision_grid) <= 0):
             raise ValueError(f"prior_precision_grid needs positive values, got {prior_precision_grid}.")
         self.prior_precision_grid = prior_precision_grid
+        if selection not in ("validation", "evidence"):
+            raise ValueError(f"selection must be 'validation' or 'evidence', got {selection!r}.")
+        if selection == "evidence" and glm != "last_layer":
+            raise ValueError("selection='evidence' has a closed form for glm='last_layer' only.")
+        self.selection = selection
+        self.log_evidence: dict[float, float] = {}
         self.chosen_prior_precision: float | None = None
         self.validation_lppd: dict[float, float] = {}
         self.sampler: GLMPosteriorSampler | None = None
@@ -109,6 +119,8 @@ class LastLayerSampler(PosteriorPredictiveCallback):
                 rank_zero_info(f"LastLayerSampler: noise_variance estimated as {noise:.4g}")
             self.likelihood = likelihood
             grid = self.prior_precision_grid or [self.prior_precision]
+            if self.selection == "evidence" and len(grid) > 1:
+                grid = [self._best_by_evidence(lin, loader, grid, noise or 1.0)]
             best: tuple[float, float, GLMPosteriorSampler] | None = None
             for lam in grid:
                 sampler = GLMPosteriorSampler(
@@ -126,6 +138,28 @@ class LastLayerSampler(PosteriorPredictiveCallback):
                                f" best validation LPPD ({best[0]:.4f}) of {grid}")
         self.likelihood, self.noise_variance = likelihood, self.sampler.noise_variance
         return self.sampler
+
+    @torch.no_grad()
+    def _best_by_evidence(self, lin: LastLayerLinearization, loader: Any, grid: list[float],  # noqa: ANN401
+                          noise: float) -> float:
+        """The ``lambda`` of ``grid`` with the highest last-layer log evidence."""
+        if self.likelihood != "regression":
+            raise ValueError("selection='evidence' needs a regression likelihood (Gaussian, closed form).")
+        features, residuals = [], []
+        was_training = lin.model.training
+        lin.model.eval()
+        for batch in loader:
+            phi, outputs = lin.features_and_outputs(batch)
+            ones = [phi.new_ones(phi.shape[0], 1)] if lin.has_bias else []
+            features.append(torch.cat([phi, *ones], 1).cpu())
+            target = plain_copy(self.target(batch)).to(outputs.device).float().reshape(outputs.shape)
+            residuals.append((target - outputs).cpu())  # y - f(x; theta*): the prior sits at theta*
+        lin.model.train(was_training)
+        phi_all, res_all = torch.cat(features), torch.cat(residuals)
+        self.log_evidence = {lam: last_layer_log_evidence(phi_all, res_all, lam, noise) for lam in grid}
+        chosen = max(self.log_evidence, key=self.log_evidence.get)
+        rank_zero_info(f"LastLayerSampler: prior_precision={chosen:g} has the highest log evidence of {grid}")
+        return chosen
 
     def _validation_lppd(self, trainer: L.Trainer, sampler: GLMPosteriorSampler) -> float:
         """Mean log predictive density of the validation split under ``sampler``."""

@@ -41,3 +41,27 @@ def test_ll_glm_regression_metrics_and_units(tmp_path):
     assert torch.allclose(callback.sampler.predict(batch)[:, 0, 0], direct, atol=1e-4)
     callback.sampler.z = z
     assert result["test/rmse"] < dm.spec.target_std  # it learned something, in target units
+
+
+def test_evidence_selection_picks_the_closed_form_maximiser(tmp_path):
+    from framework.uq import last_layer_log_evidence
+
+    dm = TabularDataModule("concrete", numeric_embedding="none", max_rows=300, batch_size=64)
+    model = TabularMLP(dm.spec, hidden=[16])
+    grid = [0.001, 0.1, 10.0, 1000.0]
+    callback = LastLayerSampler(n_samples=2, noise_variance=25.0, prior_precision_grid=grid,
+                                selection="evidence", input_key=["x_num", "x_cat"])
+    trainer = L.Trainer(max_epochs=5, logger=False, enable_progress_bar=False, enable_model_summary=False,
+                        enable_checkpointing=False, default_root_dir=tmp_path, callbacks=[callback])
+    trainer.fit(model, datamodule=dm)
+    model.eval()
+    rows = dm._split("train")
+    with torch.no_grad():
+        phi = model.body(rows.x_num)  # concrete has no categorical columns
+        residual = rows.y[:, None] - model.head(phi)
+    features = torch.cat([phi, torch.ones(len(phi), 1)], 1)
+    expected = {lam: last_layer_log_evidence(features, residual, lam, 25.0) for lam in grid}
+    assert callback.log_evidence == pytest.approx(expected, rel=1e-6)
+    assert callback.chosen_prior_precision == max(expected, key=expected.get)
+    with pytest.raises(ValueError, match="glm='last_layer' only"):
+        LastLayerSampler(glm="full", selection="evidence")
