@@ -14,9 +14,8 @@ from typing import Any, Literal
 
 import lightning as L
 import torch
-from torch.utils._pytree import tree_map
 
-from callbacks.posterior_predictive import PosteriorPredictiveCallback, plain_copy
+from callbacks.posterior_predictive import PosteriorPredictiveCallback
 from framework.uq.linearization import call_model
 
 
@@ -53,12 +52,6 @@ class DeepEnsembleSampler(PosteriorPredictiveCallback):
         self.likelihood_setting, self.noise_variance_setting = likelihood, noise_variance
         self.members: list[L.LightningModule] = []
 
-    def _input_fn(self, pl_module: L.LightningModule) -> Any:  # noqa: ANN401
-        def input_fn(batch: Any) -> Any:  # noqa: ANN401
-            return tree_map(lambda t: t.to(pl_module.device) if isinstance(t, torch.Tensor) else t,
-                            plain_copy(self.model_input(batch)))
-        return input_fn
-
     def prepare(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Load the members (in eval mode, on the module's device)."""
         cls = type(pl_module)
@@ -69,13 +62,13 @@ class DeepEnsembleSampler(PosteriorPredictiveCallback):
             noise = self.noise_variance_setting
             if noise is None and trainer.datamodule is not None:
                 noise = self.training_noise_variance(pl_module, trainer.datamodule.train_dataloader(),
-                                                     self._input_fn(pl_module))
+                                                     self.input_fn(pl_module))
             self.noise_variance = float(noise or 1.0)
 
     @torch.no_grad()
     def sample(self, pl_module: L.LightningModule, batch: Any) -> torch.Tensor:  # noqa: ANN401
         """Member outputs ``(B, M, C)``."""
-        inputs = self._input_fn(pl_module)(batch)
+        inputs = self.input_fn(pl_module)(batch)
         outs = [call_model(member, inputs).float() for member in self.members]
         out = torch.stack(outs, dim=1)
         return out.reshape(out.shape[0], len(self.members), -1)

@@ -9,12 +9,12 @@ Jacobian products. Evaluation and prediction follow ``PosteriorPredictiveCallbac
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Literal
 
 import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_info
-from torch.utils._pytree import tree_map
 from typing_extensions import override
 
 from callbacks.posterior_predictive import PosteriorPredictiveCallback, plain_copy
@@ -105,10 +105,7 @@ class LastLayerSampler(PosteriorPredictiveCallback):
             raise RuntimeError("LastLayerSampler needs a datamodule with a train_dataloader.")
         likelihood = self.resolve_likelihood(pl_module, self.likelihood_setting)
         with torch.inference_mode(False), torch.enable_grad():
-            def input_fn(batch: Any) -> Any:  # noqa: ANN401
-                return tree_map(lambda t: t.to(pl_module.device) if isinstance(t, torch.Tensor) else t,
-                                plain_copy(self.model_input(batch)))
-
+            input_fn = self.input_fn(pl_module)
             if self.glm == "last_layer":
                 lin = LastLayerLinearization(pl_module, input_fn, self.last_layer_name)
             else:
@@ -126,7 +123,7 @@ class LastLayerSampler(PosteriorPredictiveCallback):
                 sampler = GLMPosteriorSampler(
                     lin, likelihood, prior_precision=lam, noise_variance=noise or 1.0,
                     n_samples=self.n_samples, solver=self.solver, max_iters=self.max_iters, seed=self.seed,
-                ).fit(loader, lambda b: plain_copy(self.target(b)).to(pl_module.device))
+                ).fit(loader, functools.partial(self.device_target, device=pl_module.device))
                 score = self._validation_lppd(trainer, sampler) if len(grid) > 1 else 0.0
                 self.validation_lppd[lam] = score
                 if best is None or score > best[0]:

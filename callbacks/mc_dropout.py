@@ -14,9 +14,8 @@ from typing import Any, Literal
 import lightning as L
 import torch
 from torch import nn
-from torch.utils._pytree import tree_map
 
-from callbacks.posterior_predictive import PosteriorPredictiveCallback, plain_copy
+from callbacks.posterior_predictive import PosteriorPredictiveCallback
 from framework.uq.linearization import call_model
 
 
@@ -54,12 +53,6 @@ class MCDropoutSampler(PosteriorPredictiveCallback):
     def _dropouts(self, pl_module: L.LightningModule) -> list[nn.Module]:
         return [m for m in pl_module.modules() if isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0]
 
-    def _input_fn(self, pl_module: L.LightningModule) -> Any:  # noqa: ANN401
-        def input_fn(batch: Any) -> Any:  # noqa: ANN401
-            return tree_map(lambda t: t.to(pl_module.device) if isinstance(t, torch.Tensor) else t,
-                            self.model_input(batch))
-        return input_fn
-
     def prepare(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Check there is dropout to sample; estimate the regression noise if needed."""
         if not self._dropouts(pl_module):
@@ -72,7 +65,7 @@ class MCDropoutSampler(PosteriorPredictiveCallback):
             noise = self.noise_variance_setting
             if noise is None and trainer.datamodule is not None:
                 noise = self.training_noise_variance(pl_module, trainer.datamodule.train_dataloader(),
-                                                     lambda b: plain_copy(self._input_fn(pl_module)(b)))
+                                                     self.input_fn(pl_module))
             self.noise_variance = float(noise or 1.0)
 
     def on_test_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -90,7 +83,7 @@ class MCDropoutSampler(PosteriorPredictiveCallback):
         """S forward passes with dropout on, ``(B, S, C)``."""
         dropouts = self._dropouts(pl_module)
         was_training = [m.training for m in dropouts]
-        inputs = self._input_fn(pl_module)(batch)
+        inputs = self.input_fn(pl_module)(batch)
         self._calls += 1
         devices = [pl_module.device] if pl_module.device.type == "cuda" else []
         try:

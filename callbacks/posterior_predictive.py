@@ -5,12 +5,15 @@ A subclass says how to prepare (``prepare``) and how to draw S predictions for a
 ``test`` it logs, under ``uq/test/``: ``accuracy``, ``ece`` (15 bins), ``nll`` and ``lppd``
 of the posterior predictive and ``varroc_id`` (classification; ``varroc_ood`` when a test
 dataloader holds OOD inputs), or Gaussian ``nll`` (with the noise) and ``lppd``
-(regression). On ``predict`` it adds ``posterior_samples`` to each step's output dict.
+(regression), and writes ``reliability_<Callback>.png`` into the log dir
+(classification). On ``predict`` it adds ``posterior_samples`` to each step's output dict.
 """
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
+from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -19,8 +22,10 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils._pytree import tree_map
 from torchmetrics.classification import MulticlassAccuracy
+from torchmetrics.utilities import dim_zero_cat
 from typing_extensions import override
 
+from framework.metrics.reliability import reliability_diagram_from_confidences
 from framework.metrics.uq import (
     ExpectedCalibrationError,
     GaussianNLL,
@@ -59,6 +64,7 @@ class PosteriorPredictiveCallback(Callback, ABC):
         self.ood_dataloader_idx = ood_dataloader_idx
         self._metrics: dict[str, Any] = {}
         self.prepared = False
+        self.reliability_path: Path | None = None
 
     # ------------------------------------------------------------- subclass API
     @abstractmethod
@@ -75,6 +81,19 @@ class PosteriorPredictiveCallback(Callback, ABC):
         if isinstance(self.input_key, list | tuple):
             return {key: batch[key] for key in self.input_key}
         return batch[self.input_key] if isinstance(batch, dict) else batch[0]
+
+    def device_input(self, batch: Any, device: torch.device) -> Any:  # noqa: ANN401
+        """The model input of ``batch`` as fresh tensors on ``device`` (autograd-safe copies)."""
+        return tree_map(lambda t: t.to(device) if isinstance(t, torch.Tensor) else t,
+                        plain_copy(self.model_input(batch)))
+
+    def input_fn(self, pl_module: L.LightningModule) -> Any:  # noqa: ANN401
+        """``batch -> model input`` on the module's device (picklable, for DDP spawn)."""
+        return functools.partial(self.device_input, device=pl_module.device)
+
+    def device_target(self, batch: Any, device: torch.device) -> torch.Tensor:  # noqa: ANN401
+        """The target of ``batch`` as a fresh tensor on ``device``."""
+        return plain_copy(self.target(batch)).to(device)
 
     def target(self, batch: Any) -> torch.Tensor:  # noqa: ANN401
         """The target in a batch."""
@@ -167,8 +186,26 @@ class PosteriorPredictiveCallback(Callback, ABC):
         for name, metric in self._metrics.items():
             metric.update(probs.mean(1) if name == "accuracy" else probs, target)
 
+    def _write_reliability_diagram(self, trainer: L.Trainer) -> Path | None:
+        """``reliability_<Callback>.png`` in the log dir, from the ECE metric's synced states."""
+        ece = self._metrics.get("ece")
+        # The logger's own folder: trainer.log_dir would broadcast, a collective call here.
+        folder = getattr(trainer.logger, "log_dir", None) if trainer.logger is not None else None
+        if ece is None or folder is None:
+            return None
+        with ece.sync_context():  # all ranks' points (a no-op in one process)
+            confidence, correct = dim_zero_cat(ece.confidences), dim_zero_cat(ece.accuracies)
+        if not trainer.is_global_zero or confidence.numel() == 0:
+            return None
+        path = Path(folder) / f"reliability_{type(self).__name__}.png"
+        self.reliability_path = reliability_diagram_from_confidences(
+            confidence, correct, path, n_bins=ece.n_bins, title=type(self).__name__)
+        rank_zero_info(f"{type(self).__name__}: reliability diagram written to {path}")
+        return self.reliability_path
+
     @override
     def on_test_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._write_reliability_diagram(trainer)
         for name, metric in self._metrics.items():
             pl_module.log(f"uq/test/{name}", metric.compute(), sync_dist=False, add_dataloader_idx=False)
             metric.reset()

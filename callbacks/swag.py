@@ -36,10 +36,9 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 from torch.func import functional_call
 from torch.optim.swa_utils import AveragedModel
-from torch.utils._pytree import tree_map
 from typing_extensions import override
 
-from callbacks.posterior_predictive import PosteriorPredictiveCallback, plain_copy
+from callbacks.posterior_predictive import PosteriorPredictiveCallback
 
 
 class _FlatVector(nn.Module):
@@ -288,7 +287,7 @@ class SWAGSampler(PosteriorPredictiveCallback):
             if noise is None and trainer is not None and trainer.datamodule is not None:
                 at_mean = _FunctionalModule(pl_module, self._unflatten(self.mean, pl_module))
                 noise = self.training_noise_variance(at_mean, trainer.datamodule.train_dataloader(),
-                                                     lambda b: plain_copy(self._input_fn(pl_module)(b)))
+                                                     self.input_fn(pl_module))
                 rank_zero_info(f"SWAGSampler: noise_variance estimated as {noise:.4g}")
             self.noise_variance = float(noise or 1.0)
 
@@ -318,17 +317,11 @@ class SWAGSampler(PosteriorPredictiveCallback):
             self._draws = torch.stack(draws)
         return self._draws
 
-    def _input_fn(self, pl_module: L.LightningModule) -> Any:  # noqa: ANN401
-        def input_fn(batch: Any) -> Any:  # noqa: ANN401
-            return tree_map(lambda t: t.to(pl_module.device) if isinstance(t, torch.Tensor) else t,
-                            self.model_input(batch))
-        return input_fn
-
     @torch.no_grad()
     def sample(self, pl_module: L.LightningModule, batch: Any) -> torch.Tensor:  # noqa: ANN401
         """Forward passes at the S sampled parameter vectors, in eval mode, ``(B, S, C)``."""
         draws = self.sample_parameters()
-        inputs = self._input_fn(pl_module)(batch)
+        inputs = self.input_fn(pl_module)(batch)
         args = inputs if isinstance(inputs, tuple) else (inputs,)
         modes = [(m, m.training) for m in pl_module.modules()]
         pl_module.eval()

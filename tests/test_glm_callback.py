@@ -1,5 +1,7 @@
 """LastLayerSampler on a user's module: fit after training, test metrics, predict samples."""
 
+from pathlib import Path
+
 import lightning as L
 import numpy as np
 import pytest
@@ -207,3 +209,18 @@ def test_deep_ensemble_averages_member_probabilities(tmp_path):
     assert result["uq/test/nll"] == pytest.approx(float(-probs[torch.arange(40), y].log().mean()), rel=1e-5)
     with pytest.raises(FileNotFoundError, match="train the members first"):
         DeepEnsembleSampler([str(paths[0]), str(tmp_path / "nope.ckpt")])
+
+
+def test_reliability_diagram_is_written_from_the_ece_states(tmp_path):
+    from lightning.pytorch.loggers import CSVLogger
+
+    model, data = TinyClassifier(), TinyData()
+    callback = LastLayerSampler(n_samples=4, max_iters=30)
+    trainer = L.Trainer(max_epochs=2, logger=CSVLogger(tmp_path), enable_progress_bar=False,
+                        enable_model_summary=False, enable_checkpointing=False, callbacks=[callback])
+    trainer.fit(model, datamodule=data)
+    trainer.test(model, datamodule=data, verbose=False)
+    path = callback.reliability_path
+    assert path is not None and path.parent == Path(trainer.log_dir)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+

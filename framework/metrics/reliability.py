@@ -53,15 +53,45 @@ def reliability_diagram(
         raise ValueError("reliability_diagram expects probabilities in [0, 1], not logits.")
     y = target.detach().long().cpu()
     ece = multiclass_calibration_error(p, y, num_classes=p.shape[1], n_bins=n_bins, norm="l1").item()
-
     confidence, predicted = p.max(-1)
-    correct = (predicted == y).float()
+    return reliability_diagram_from_confidences(confidence, (predicted == y).float(), path, n_bins,
+                                                title, ece=ece)
+
+
+def reliability_diagram_from_confidences(
+    confidence: Tensor,
+    correct: Tensor,
+    path: str | Path,
+    n_bins: int = 15,
+    title: str | None = None,
+    ece: float | None = None,
+) -> Path:
+    """The same diagram from top-label confidences and 0/1 correctness per point.
+
+    These are the ``confidences``/``accuracies`` states of torchmetrics' calibration
+    error, so a callback can draw the diagram of exactly what its ECE metric saw (after
+    syncing the states across DDP ranks).
+
+    Args:
+        confidence: ``(N,)`` top-label probabilities.
+        correct: ``(N,)`` 1 where the top label is right, else 0.
+        path: where to write the PNG.
+        n_bins: number of equal-width confidence bins on ``[0, 1]``.
+        title: text put before the ECE in the title.
+        ece: the ECE to print (default: computed from these bins).
+
+    Returns:
+        The path of the written PNG.
+    """
+    confidence, correct = confidence.detach().float().cpu(), correct.detach().float().cpu()
     # torchmetrics' bins are [b_i, b_{i+1}); a confidence of exactly 1 joins the last bin here.
     bins = (confidence * n_bins).long().clamp(max=n_bins - 1)
     count = torch.bincount(bins, minlength=n_bins).float()
     filled = count > 0
     accuracy = torch.bincount(bins, weights=correct, minlength=n_bins) / count.clamp_min(1)
     mean_conf = torch.bincount(bins, weights=confidence, minlength=n_bins) / count.clamp_min(1)
+    if ece is None:
+        ece = float(((mean_conf - accuracy).abs() * count).sum() / count.sum().clamp_min(1))
     left = torch.arange(n_bins).float() / n_bins
     left, accuracy, gap = (t[filled].numpy() for t in (left, accuracy, mean_conf - accuracy))
 
