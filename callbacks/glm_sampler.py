@@ -100,9 +100,7 @@ class LastLayerSampler(PosteriorPredictiveCallback):
     # ------------------------------------------------------------------ fitting
     def fit_posterior(self, trainer: L.Trainer, pl_module: L.LightningModule) -> GLMPosteriorSampler:
         """Draw the posterior samples from the training data (gradients enabled)."""
-        loader = trainer.datamodule.train_dataloader() if trainer.datamodule is not None else None
-        if loader is None:
-            raise RuntimeError("LastLayerSampler needs a datamodule with a train_dataloader.")
+        loader = self.ordered_train_loader(trainer)
         likelihood = self.resolve_likelihood(pl_module, self.likelihood_setting)
         with torch.inference_mode(False), torch.enable_grad():
             input_fn = self.input_fn(pl_module)

@@ -21,6 +21,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils._pytree import tree_map
+from torch.utils.data import DataLoader
 from torchmetrics.classification import MulticlassAccuracy
 from torchmetrics.utilities import dim_zero_cat
 from typing_extensions import override
@@ -81,6 +82,21 @@ class PosteriorPredictiveCallback(Callback, ABC):
         if isinstance(self.input_key, list | tuple):
             return {key: batch[key] for key in self.input_key}
         return batch[self.input_key] if isinstance(batch, dict) else batch[0]
+
+    @staticmethod
+    def ordered_train_loader(trainer: L.Trainer) -> Any:  # noqa: ANN401
+        """The datamodule's training data in a fixed order.
+
+        The posterior draws one noise vector per training point in loader order, so a
+        shuffled loader would give each DDP rank (and each run) a different posterior.
+        """
+        loader = trainer.datamodule.train_dataloader() if trainer.datamodule is not None else None
+        if loader is None:
+            raise RuntimeError("A posterior callback needs a datamodule with a train_dataloader.")
+        if isinstance(loader, DataLoader):
+            loader = DataLoader(loader.dataset, batch_size=loader.batch_size, shuffle=False,
+                                collate_fn=loader.collate_fn, num_workers=loader.num_workers)
+        return loader
 
     def device_input(self, batch: Any, device: torch.device) -> Any:  # noqa: ANN401
         """The model input of ``batch`` as fresh tensors on ``device`` (autograd-safe copies)."""

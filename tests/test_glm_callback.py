@@ -224,3 +224,18 @@ def test_reliability_diagram_is_written_from_the_ece_states(tmp_path):
     assert path is not None and path.parent == Path(trainer.log_dir)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
+
+
+@pytest.mark.slow
+def test_ddp_test_equals_one_process(tmp_path):
+    """Every rank fits the same posterior (training data in a fixed order); test shards sync."""
+    model, data = TinyClassifier(), TinyData()
+    _trainer(tmp_path, LastLayerSampler(n_samples=4, max_iters=30)).fit(model, datamodule=data)
+    single = L.Trainer(logger=False, enable_progress_bar=False, callbacks=[LastLayerSampler(n_samples=4)])
+    one = single.test(model, datamodule=data, verbose=False)[0]
+    ddp = L.Trainer(accelerator="cpu", devices=2, strategy="ddp_spawn", logger=False,
+                    enable_progress_bar=False, callbacks=[LastLayerSampler(n_samples=4)],
+                    default_root_dir=tmp_path)
+    two = ddp.test(model, datamodule=data, verbose=False)[0]
+    for name in ("uq/test/nll", "uq/test/ece", "uq/test/accuracy", "uq/test/varroc_id"):
+        assert two[name] == pytest.approx(one[name], rel=1e-5, abs=1e-7), name
