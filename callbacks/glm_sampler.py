@@ -26,6 +26,11 @@ from framework.uq.linearization import FullNetworkLinearization, LastLayerLinear
 class LastLayerSampler(PosteriorPredictiveCallback):
     """Fit a linearised-network posterior after training; evaluate and predict with it.
 
+    A packed ``EnsembleLinear`` head (the tabular ensembles: K member heads) gets K
+    independent last-layer posteriors; samples are then ``(B, S * K, C)``, every
+    (sample, member) pair one draw of the ensemble's predictive. Regression samples
+    are in target units (a module's ``output_affine`` maps standardised outputs).
+
     Logged on test, under ``uq/test/``: ``ece`` (15 bins), ``nll`` and ``lppd`` of the
     posterior predictive, ``varroc_id`` (classification), or ``nll`` (Gaussian, with
     the noise) and ``lppd`` (regression); ``varroc_ood`` with an OOD test dataloader.
@@ -91,6 +96,7 @@ class LastLayerSampler(PosteriorPredictiveCallback):
         self.chosen_prior_precision: float | None = None
         self.validation_lppd: dict[float, float] = {}
         self.sampler: GLMPosteriorSampler | None = None
+        self.affine: tuple[float, float] = (1.0, 0.0)
 
     @property
     @override
@@ -108,11 +114,16 @@ class LastLayerSampler(PosteriorPredictiveCallback):
                 lin = LastLayerLinearization(pl_module, input_fn, self.last_layer_name)
             else:
                 lin = FullNetworkLinearization(pl_module, input_fn)
+            # The sampler works in the module's raw output units; metrics in target units.
+            scale, shift = self.output_affine(pl_module) if likelihood == "regression" else (1.0, 0.0)
+            self.affine = (scale, shift)
             noise = self.noise_variance_setting
             if likelihood == "regression" and noise is None:
                 noise = self.training_noise_variance(pl_module, loader, input_fn)
                 rank_zero_info(f"LastLayerSampler: noise_variance estimated as {noise:.4g}")
+            noise = None if noise is None else noise / scale**2
             self.likelihood = likelihood
+            target_fn = functools.partial(self.device_target, device=pl_module.device, affine=self.affine)
             grid = self.prior_precision_grid or [self.prior_precision]
             if self.selection == "evidence" and len(grid) > 1:
                 grid = [self._best_by_evidence(lin, loader, grid, noise or 1.0)]
@@ -121,7 +132,7 @@ class LastLayerSampler(PosteriorPredictiveCallback):
                 sampler = GLMPosteriorSampler(
                     lin, likelihood, prior_precision=lam, noise_variance=noise or 1.0,
                     n_samples=self.n_samples, solver=self.solver, max_iters=self.max_iters, seed=self.seed,
-                ).fit(loader, functools.partial(self.device_target, device=pl_module.device))
+                ).fit(loader, target_fn)
                 score = self._validation_lppd(trainer, sampler) if len(grid) > 1 else 0.0
                 self.validation_lppd[lam] = score
                 if best is None or score > best[0]:
@@ -131,7 +142,7 @@ class LastLayerSampler(PosteriorPredictiveCallback):
             if len(grid) > 1:
                 rank_zero_info(f"LastLayerSampler: prior_precision={self.chosen_prior_precision:g} has the"
                                f" best validation LPPD ({best[0]:.4f}) of {grid}")
-        self.likelihood, self.noise_variance = likelihood, self.sampler.noise_variance
+        self.likelihood, self.noise_variance = likelihood, self.sampler.noise_variance * scale**2
         return self.sampler
 
     @torch.no_grad()
@@ -140,6 +151,10 @@ class LastLayerSampler(PosteriorPredictiveCallback):
         """The ``lambda`` of ``grid`` with the highest last-layer log evidence."""
         if self.likelihood != "regression":
             raise ValueError("selection='evidence' needs a regression likelihood (Gaussian, closed form).")
+        if lin.members is not None:
+            raise ValueError("selection='evidence' is implemented for one nn.Linear head; member heads"
+                             f" ({lin.layer_name}, K={lin.members}) need selection='validation'.")
+        scale, shift = self.affine
         features, residuals = [], []
         was_training = lin.model.training
         lin.model.eval()
@@ -147,7 +162,8 @@ class LastLayerSampler(PosteriorPredictiveCallback):
             phi, outputs = lin.features_and_outputs(batch)
             ones = [phi.new_ones(phi.shape[0], 1)] if lin.has_bias else []
             features.append(torch.cat([phi, *ones], 1).cpu())
-            target = plain_copy(self.target(batch)).to(outputs.device).float().reshape(outputs.shape)
+            target = (plain_copy(self.target(batch)).to(outputs.device).float() - shift) / scale
+            target = target.reshape(outputs.shape)
             residuals.append((target - outputs).cpu())  # y - f(x; theta*): the prior sits at theta*
         lin.model.train(was_training)
         phi_all, res_all = torch.cat(features), torch.cat(residuals)
@@ -163,12 +179,13 @@ class LastLayerSampler(PosteriorPredictiveCallback):
             raise RuntimeError("prior_precision_grid needs a datamodule with a val_dataloader.")
         kind = "regression" if self.likelihood == "regression" else "classification"
         metric = LogPointwisePredictiveDensity(task=kind, input_kind="probs")
+        scale, shift = self.affine
         for batch in loader:
-            samples = sampler.predict(batch)
+            samples = sampler.predict(batch) * scale + shift
             target = plain_copy(self.target(batch)).to(samples.device)
             if kind == "regression":
                 metric.update(samples.cpu(), target.float().reshape(samples[:, 0].shape).cpu(),
-                              sampler.noise_variance)
+                              sampler.noise_variance * scale**2)
             else:
                 metric.update(self.probabilities(samples).cpu(), target.cpu())
         return float(metric.compute())
@@ -192,5 +209,7 @@ class LastLayerSampler(PosteriorPredictiveCallback):
     def sample(self, pl_module: L.LightningModule, batch: Any) -> torch.Tensor:  # noqa: ANN401
         """Linearised predictions of the S posterior samples, ``(B, S, C)``."""
         assert self.sampler is not None
+        scale, shift = self.affine
         with torch.inference_mode(False), torch.enable_grad():
-            return self.sampler.predict(batch)
+            samples = self.sampler.predict(batch)
+        return samples * scale + shift if (scale, shift) != (1.0, 0.0) else samples

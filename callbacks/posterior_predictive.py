@@ -107,9 +107,17 @@ class PosteriorPredictiveCallback(Callback, ABC):
         """``batch -> model input`` on the module's device (picklable, for DDP spawn)."""
         return functools.partial(self.device_input, device=pl_module.device)
 
-    def device_target(self, batch: Any, device: torch.device) -> torch.Tensor:  # noqa: ANN401
-        """The target of ``batch`` as a fresh tensor on ``device``."""
-        return plain_copy(self.target(batch)).to(device)
+    def device_target(self, batch: Any, device: torch.device,  # noqa: ANN401
+                      affine: tuple[float, float] = (1.0, 0.0)) -> torch.Tensor:
+        """The target of ``batch`` as a fresh tensor on ``device``.
+
+        With ``affine = (scale, shift)`` (regression), mapped into the module's raw output
+        units: ``(y - shift) / scale``.
+        """
+        target = plain_copy(self.target(batch)).to(device)
+        if affine == (1.0, 0.0):
+            return target
+        return (target.float() - affine[1]) / affine[0]
 
     def target(self, batch: Any) -> torch.Tensor:  # noqa: ANN401
         """The target in a batch."""
@@ -122,6 +130,16 @@ class PosteriorPredictiveCallback(Callback, ABC):
         task = getattr(pl_module, "task", "classification")
         return task if task in ("regression", "binary") else "classification"
 
+    @staticmethod
+    def output_affine(pl_module: L.LightningModule) -> tuple[float, float]:
+        """``(scale, shift)`` from the module's raw regression outputs to target units.
+
+        A module whose forward returns standardised values (the tabular ensembles) says
+        so with an ``output_affine`` attribute; every other module is in target units.
+        """
+        scale, shift = getattr(pl_module, "output_affine", (1.0, 0.0))
+        return float(scale), float(shift)
+
     def probabilities(self, samples: torch.Tensor) -> torch.Tensor:
         """Per-sample class probabilities ``(B, S, C)`` (two columns for a binary logit)."""
         if self.likelihood == "binary":
@@ -132,13 +150,18 @@ class PosteriorPredictiveCallback(Callback, ABC):
     @torch.no_grad()
     def training_noise_variance(self, pl_module: L.LightningModule, loader: Any,  # noqa: ANN401
                                 input_fn: Any) -> float:  # noqa: ANN401
-        """Mean squared training residual of the network in eval mode (the noise MLE)."""
+        """Mean squared training residual of the network in eval mode (the noise MLE).
+
+        In target units (see ``output_affine``); member heads each count as a prediction.
+        """
         was_training = pl_module.training
         pl_module.eval()
         total, count = 0.0, 0
+        scale, shift = self.output_affine(pl_module)
         for batch in loader:
-            out = call_model(pl_module, input_fn(batch)).float()
-            y = plain_copy(self.target(batch)).to(out.device).float().reshape(out.shape)
+            out = call_model(pl_module, input_fn(batch)).float() * scale + shift
+            y = plain_copy(self.target(batch)).to(out.device).float()
+            y = y.reshape(out.shape[0], *([1] * (out.dim() - 1)))  # broadcast over member heads
             total += float(((out - y) ** 2).sum())
             count += out.numel()
         pl_module.train(was_training)
@@ -172,7 +195,7 @@ class PosteriorPredictiveCallback(Callback, ABC):
         if self.likelihood == "regression":
             metrics = {"nll": GaussianNLL(), "lppd": LogPointwisePredictiveDensity(task="regression")}
         else:
-            metrics = {"accuracy": MulticlassAccuracy(num_classes=n_classes),
+            metrics = {"accuracy": MulticlassAccuracy(num_classes=n_classes, average="micro"),
                        "ece": ExpectedCalibrationError(num_classes=n_classes, input_kind="probs"),
                        "nll": PredictiveNLL(input_kind="probs"),
                        "lppd": LogPointwisePredictiveDensity(task="classification", input_kind="probs"),

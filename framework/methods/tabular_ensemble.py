@@ -96,8 +96,20 @@ class TabularEnsembleModule(LossTermsMixin, RNGStateMixin, L.LightningModule):
         """How to read ``member_outputs``: ``logits``, ``binary_logits`` or ``regression``."""
         return {"multiclass": "logits", "binary": "binary_logits"}.get(self.task, "regression")
 
-    def forward(self, x_num: Tensor | None, x_cat: Tensor | None = None) -> Tensor:
-        """Raw member outputs ``(B, K, d_out)``: logits, or standardised regression values."""
+    @property
+    def output_affine(self) -> tuple[float, float]:
+        """``(scale, shift)`` from raw outputs to the modelled target's units (regression)."""
+        if self.task == "regression":
+            return float(self.spec.target_std), float(self.spec.target_mean)
+        return 1.0, 0.0
+
+    def forward(self, x_num: Tensor | dict[str, Tensor] | None, x_cat: Tensor | None = None) -> Tensor:
+        """Raw member outputs ``(B, K, d_out)``: logits, or standardised regression values.
+
+        ``x_num`` may be a batch dict with ``x_num``/``x_cat`` (what posterior callbacks pass).
+        """
+        if isinstance(x_num, dict):
+            x_num, x_cat = x_num.get("x_num"), x_num.get("x_cat")
         return self.net(x_num, x_cat)
 
     def member_predictions(self, raw: Tensor) -> Tensor:

@@ -114,7 +114,7 @@ class GLMPosteriorSampler:
         assert self._loader is not None and self._target_fn is not None
         for batch in self._loader:
             features, outputs = self.lin.features_and_outputs(batch)
-            yield features, outputs, self._target_fn(batch)
+            yield features, outputs, self.lin.expand_target(self._target_fn(batch))
 
     def _curvature_apply(self, outputs: Tensor, u: Tensor) -> Tensor:
         """``Lambda u`` for cotangents ``u (S, B, C)`` at outputs ``(B, C)``."""
@@ -240,6 +240,8 @@ class GLMPosteriorSampler:
     def predict(self, batch: Any) -> Tensor:  # noqa: ANN401
         """Linearised outputs per sample, members on axis 1: ``(B, S, C)``.
 
+        A network with K member heads gives ``(B, S * K, C)``: every (sample, member) pair.
+
         Logits for classification, means for regression (add ``noise_variance`` for the
         predictive variance of an observation).
         """
@@ -250,7 +252,7 @@ class GLMPosteriorSampler:
         model.eval()
         try:
             features, outputs = self.lin.features_and_outputs(batch)
-            return (outputs + self.lin.jvp(features, self.z)).transpose(0, 1)
+            return self.lin.arrange(outputs + self.lin.jvp(features, self.z))
         finally:
             model.train(was_training)
 

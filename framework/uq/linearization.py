@@ -6,7 +6,10 @@
 * ``LastLayerLinearization`` (LL-GLM): only the last ``nn.Linear`` (weight and bias) is
   random. With penultimate features ``phi(x)``, ``J(x) [V_W, v_b] = V_W phi(x) + v_b``,
   one ``einsum`` on cached features: the ``phi (x) I`` Kronecker Jacobian is never
-  formed (laplace-torch issue #138).
+  formed (laplace-torch issue #138). A packed ``EnsembleLinear`` head (K members, each
+  its own ``W_k, b_k``: the tabular ensembles) is linearised member by member: every
+  (row, member) pair is one output block with its own features ``phi_k(x)``, so the
+  posterior of the K heads is the product of K independent last-layer posteriors.
 * ``FullNetworkLinearization`` (DNN-GLM): every trainable parameter, with
   ``torch.func.jvp``/``vjp`` over ``functional_call`` and ``vmap`` over the S
   directions. Attention runs on the math SDPA backend, the only one with forward-mode
@@ -26,7 +29,12 @@ from torch import Tensor, nn
 from torch.func import functional_call, jvp, vjp, vmap
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from framework.nn.ensemble_linear import EnsembleLinear
+
 InputFn = Callable[[Any], Any]
+
+
+LastLayer = nn.Linear | EnsembleLinear
 
 
 def call_model(model: nn.Module, inputs: Any) -> Tensor:  # noqa: ANN401
@@ -34,22 +42,35 @@ def call_model(model: nn.Module, inputs: Any) -> Tensor:  # noqa: ANN401
     return model(*inputs) if isinstance(inputs, tuple) else model(inputs)
 
 
-def find_last_linear(model: nn.Module, name: str | None = None) -> tuple[str, nn.Linear]:
-    """The module named ``name``, or the last ``nn.Linear`` registered in ``model``.
+def _is_last_layer(module: nn.Module) -> bool:
+    packed = isinstance(module, EnsembleLinear) and module.adapter == "packed"
+    return isinstance(module, nn.Linear) or packed
+
+
+def find_last_linear(model: nn.Module, name: str | None = None) -> tuple[str, LastLayer]:
+    """The module named ``name``, or the last linear layer registered in ``model``.
+
+    A linear layer is an ``nn.Linear`` or a packed ``EnsembleLinear`` (independent member
+    heads); an ``EnsembleLinear`` with shared or adapter weights ties its members and is
+    not a last layer in this sense.
 
     Raises:
-        ValueError: if the name is unknown, not a Linear, or the model has no Linear.
+        ValueError: if the name is unknown, not a linear layer, or the model has none.
     """
     if name is not None:
         modules = dict(model.named_modules())
         if name not in modules:
             raise ValueError(f"No module named {name!r}; some names: {list(modules)[-8:]}.")
-        if not isinstance(modules[name], nn.Linear):
-            raise ValueError(f"Module {name!r} is a {type(modules[name]).__name__}, not nn.Linear.")
+        if not _is_last_layer(modules[name]):
+            kind = type(modules[name]).__name__
+            if isinstance(modules[name], EnsembleLinear):
+                kind += f" with adapter={modules[name].adapter!r} (members share weights)"
+            raise ValueError(f"Module {name!r} is a {kind}, not nn.Linear or a packed EnsembleLinear.")
         return name, modules[name]
-    linears = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+    linears = [(n, m) for n, m in model.named_modules() if _is_last_layer(m)]
     if not linears:
-        raise ValueError(f"{type(model).__name__} has no nn.Linear; pass last_layer_name.")
+        raise ValueError(f"{type(model).__name__} has no nn.Linear or packed EnsembleLinear;"
+                         " pass last_layer_name.")
     return linears[-1]
 
 
@@ -58,7 +79,9 @@ class LastLayerLinearization:
 
     Parameters are flattened as ``[W.flatten(), b]``, the order ``named_parameters`` of an
     ``nn.Linear`` gives, so a network that is one linear layer has the same parameter
-    vector under LL-GLM and DNN-GLM.
+    vector under LL-GLM and DNN-GLM. For a packed ``EnsembleLinear`` head ``W`` is
+    ``(K, C, D)`` and ``b`` is ``(K, C)``; outputs are then ``(B * K, C)``, row-major in
+    ``(row, member)``, and ``members`` is ``K`` (``None`` for an ``nn.Linear``).
 
     Args:
         model: the trained network (kept frozen).
@@ -70,13 +93,18 @@ class LastLayerLinearization:
         self.model, self.input_fn = model, input_fn
         self.layer_name, self.layer = find_last_linear(model, last_layer_name)
         self.n_outputs, self.n_features = self.layer.out_features, self.layer.in_features
+        self.members: int | None = self.layer.k if isinstance(self.layer, EnsembleLinear) else None
         self.has_bias = self.layer.bias is not None
-        self.n_weights = self.n_outputs * self.n_features
-        self.n_params = self.n_weights + (self.n_outputs if self.has_bias else 0)
+        k = self.members or 1
+        self.n_weights = k * self.n_outputs * self.n_features
+        self.n_params = self.n_weights + (k * self.n_outputs if self.has_bias else 0)
 
     @torch.no_grad()
     def features_and_outputs(self, batch: Any) -> tuple[Tensor, Tensor]:  # noqa: ANN401
-        """``(phi(x) (B, D), f(x; theta*) (B, C))`` in float32."""
+        """``(phi(x) (B, D), f(x; theta*) (B, C))`` in float32.
+
+        Member heads: ``(phi (B, K, D), outputs (B * K, C))``.
+        """
         captured: list[Tensor] = []
         handle = self.layer.register_forward_hook(lambda m, inp, out: captured.append(inp[0]))
         try:
@@ -85,22 +113,52 @@ class LastLayerLinearization:
             handle.remove()
         if not captured:
             raise RuntimeError(f"The forward pass never called {self.layer_name!r}.")
+        if self.members is not None:
+            phi = captured[-1].float().flatten(0, -3)
+            return phi, outputs.float().reshape(phi.shape[0] * self.members, -1)
         phi = captured[-1].float().flatten(0, -2)
         return phi, outputs.float().reshape(phi.shape[0], -1)
 
+    def expand_target(self, target: Tensor) -> Tensor:
+        """Targets per output row: repeated for each member head (``(B,) -> (B * K,)``)."""
+        return target if self.members is None else target.repeat_interleave(self.members, dim=0)
+
+    def arrange(self, predictions: Tensor) -> Tensor:
+        """``(S, rows, C)`` predictions -> ``(B, S', C)``, samples on axis 1.
+
+        Member heads give ``S' = S * K``: each (sample, member) pair is one draw of the
+        ensemble's predictive, a uniform mixture over members.
+        """
+        if self.members is None:
+            return predictions.transpose(0, 1)
+        s, rows, c = predictions.shape
+        per_member = predictions.view(s, rows // self.members, self.members, c)
+        return per_member.permute(1, 0, 2, 3).reshape(rows // self.members, s * self.members, c)
+
     def theta_star(self) -> Tensor:
         """Flat ``[W.flatten(), b]`` of the trained last layer."""
-        parts = [self.layer.weight.flatten()] + ([self.layer.bias] if self.has_bias else [])
+        parts = [self.layer.weight.flatten()] + ([self.layer.bias.flatten()] if self.has_bias else [])
         return torch.cat(parts).detach().float()
 
     def jvp(self, features: Tensor, directions: Tensor) -> Tensor:
-        """``J V``: ``(S, n_params)`` directions -> ``(S, B, C)``."""
+        """``J V``: ``(S, n_params)`` directions -> ``(S, B, C)`` (``(S, B * K, C)`` for members)."""
+        if self.members is not None:
+            k, c = self.members, self.n_outputs
+            w = directions[:, : self.n_weights].view(-1, k, c, self.n_features)
+            out = torch.einsum("skcd,bkd->sbkc", w, features)
+            if self.has_bias:
+                out = out + directions[:, None, self.n_weights :].view(-1, 1, k, c)
+            return out.flatten(1, 2)
         w = directions[:, : self.n_weights].view(-1, self.n_outputs, self.n_features)
         out = torch.einsum("scd,bd->sbc", w, features)
         return out + directions[:, None, self.n_weights :] if self.has_bias else out
 
     def vjp(self, features: Tensor, cotangents: Tensor) -> Tensor:
-        """``J^T U``: ``(S, B, C)`` -> ``(S, n_params)``."""
+        """``J^T U``: ``(S, B, C)`` (``(S, B * K, C)`` for members) -> ``(S, n_params)``."""
+        if self.members is not None:
+            u = cotangents.view(cotangents.shape[0], -1, self.members, self.n_outputs)
+            grad_w = torch.einsum("sbkc,bkd->skcd", u, features).flatten(1)
+            return torch.cat([grad_w, u.sum(1).flatten(1)], dim=1) if self.has_bias else grad_w
         grad_w = torch.einsum("sbc,bd->scd", cotangents, features).flatten(1)
         return torch.cat([grad_w, cotangents.sum(1)], dim=1) if self.has_bias else grad_w
 
@@ -122,6 +180,7 @@ class FullNetworkLinearization:
         self.shapes = {k: v.shape for k, v in self.params.items()}
         self.n_params = sum(v.numel() for v in self.params.values())
         self.n_outputs: int | None = None
+        self.members: int | None = None  # set from a (B, K, C) output: K member heads
 
     def theta_star(self) -> Tensor:
         """All trainable parameters as one flat float32 vector."""
@@ -141,6 +200,9 @@ class FullNetworkLinearization:
 
         def f(params: dict[str, Tensor]) -> Tensor:
             out = functional_call(self.model, (params, self.buffers), args)
+            if out.dim() == 3:  # (B, K, C): one output row per (row, member)
+                self.members = out.shape[1]
+                return out.float().reshape(-1, out.shape[-1])
             return out.float().reshape(out.shape[0], -1)
 
         return f
@@ -151,6 +213,18 @@ class FullNetworkLinearization:
         outputs = self._function(batch)(self.params)
         self.n_outputs = outputs.shape[1]
         return batch, outputs
+
+    def expand_target(self, target: Tensor) -> Tensor:
+        """Targets per output row: repeated for each member (``(B,) -> (B * K,)``)."""
+        return target if self.members is None else target.repeat_interleave(self.members, dim=0)
+
+    def arrange(self, predictions: Tensor) -> Tensor:
+        """``(S, rows, C)`` -> ``(B, S', C)``; members give ``S' = S * K`` (see LL-GLM)."""
+        if self.members is None:
+            return predictions.transpose(0, 1)
+        s, rows, c = predictions.shape
+        per_member = predictions.view(s, rows // self.members, self.members, c)
+        return per_member.permute(1, 0, 2, 3).reshape(rows // self.members, s * self.members, c)
 
     def jvp(self, batch: Any, directions: Tensor) -> Tensor:  # noqa: ANN401
         """``J V``: ``(S, n_params)`` -> ``(S, B, C)`` (forward mode, vmapped over S)."""
