@@ -6,14 +6,19 @@ from callbacks.glm_sampler import LastLayerSampler
 from callbacks.laplace_baseline import LaplaceSampler
 from callbacks.mc_dropout import MCDropoutSampler
 from callbacks.prediction_writer import MemberPredictionWriter
+from callbacks.replica_coupling import ElasticAveraging, ReplicaCoupling
+from callbacks.routing_resampler import RoutingResampler
 from callbacks.swag import SWAGSampler
 
 __all__ = [
     "DeepEnsembleSampler",
     "DiversityMonitor",
+    "ElasticAveraging",
     "LaplaceSampler",
     "LastLayerSampler",
     "MCDropoutSampler",
     "MemberPredictionWriter",
+    "ReplicaCoupling",
+    "RoutingResampler",
     "SWAGSampler",
 ]

@@ -1,6 +1,7 @@
 """ripieno's framework: torch layers, LightningModules, metrics and the CLI."""
 
 from framework.image_spec import ImageSpec
+from framework.mcover.module import MCoverClassifier
 from framework.methods.image_classifier import ImageClassifier
 from framework.methods.tabular_ensemble import TabularEnsembleModule
 from framework.methods.tabular_mlp import TabularMLP
@@ -11,6 +12,7 @@ from framework.text_spec import TextSpec
 __all__ = [
     "ImageClassifier",
     "ImageSpec",
+    "MCoverClassifier",
     "TabularEnsembleModule",
     "TabularMLP",
     "TabularSpec",

@@ -39,7 +39,8 @@ def test_exact_distribution_is_the_normalised_product_of_kernel_entries():
     q = torch.rand(4, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64) + 0.1
     perms, probs = exact_distribution(q)
     assert len(perms) == 24 and probs.sum().item() == pytest.approx(1.0)
-    weights = torch.tensor([math.prod(q[a, p[a]].item() for a in range(4)) for p in perms], dtype=torch.float64)
+    weights = torch.tensor([math.prod(q[a, p[a]].item() for a in range(4)) for p in perms],
+                           dtype=torch.float64)
     assert torch.allclose(probs, weights / weights.sum())
 
 

@@ -1,0 +1,131 @@
+"""Replica baselines for M-cover routing: replicated SGD and elastic averaging SGD.
+
+Both act on a module whose ``net.copy_parameters()`` (or ``copy_parameters()``) lists
+parameters with the copies on axis 0 (``framework.mcover.MCoverClassifier``).
+
+* ``ReplicaCoupling`` (replicated SGD, Baldassi et al. 2020, PNAS "Shaping the learning
+  landscape in neural networks around wide flat minima"): adds
+  ``gamma_t / 2 * sum_a ||theta_a - theta_bar||^2`` to the loss through the module's
+  loss-term extension point, ``theta_bar`` the copies' mean, with a coupling that grows
+  ``gamma_t = min(gamma_max, gamma0 * (1 + growth)^t)`` per step ``t``. Its gradient on copy
+  ``a`` is ``gamma_t (theta_a - theta_bar)``.
+* ``ElasticAveraging`` (EASGD, Zhang, Choromanska & LeCun 2015, synchronous form): a centre
+  variable ``c``; every ``period`` steps, after the optimiser step,
+  ``theta_a <- theta_a - alpha (theta_a - c)`` and ``c <- c + alpha sum_a (theta_a - c)``
+  (with the pre-update differences). The centre is the collapsed predictor.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+from torch import Tensor
+from typing_extensions import override
+
+
+def copy_parameters(pl_module: L.LightningModule) -> list[Tensor]:
+    """The module's copy-stacked parameters (``copy_parameters()`` on it or its ``net``)."""
+    for owner in (pl_module, getattr(pl_module, "net", None)):
+        fn = getattr(owner, "copy_parameters", None)
+        if callable(fn):
+            return list(fn())
+    raise TypeError(f"{type(pl_module).__name__} has no copy_parameters() (parameters with copies on axis 0);"
+                    " replica couplings need an M-copy module such as framework.mcover.MCoverClassifier.")
+
+
+class ReplicaCoupling(Callback):
+    """Replicated SGD: couple every copy to the copies' mean with a growing strength.
+
+    Args:
+        gamma0: initial coupling.
+        growth: per-step growth rate of the coupling.
+        gamma_max: the coupling's cap.
+    """
+
+    def __init__(self, gamma0: float = 1e-3, growth: float = 1e-3, gamma_max: float = 10.0) -> None:
+        super().__init__()
+        if gamma0 < 0 or growth < 0 or gamma_max < 0:
+            raise ValueError("gamma0, growth and gamma_max must be >= 0.")
+        self.gamma0, self.growth, self.gamma_max = gamma0, growth, gamma_max
+
+    def gamma(self, step: int) -> float:
+        """``gamma_t`` at training step ``step``."""
+        return min(self.gamma_max, self.gamma0 * (1.0 + self.growth) ** step)
+
+    @override
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        copy_parameters(pl_module)
+        if not hasattr(pl_module, "register_loss_term"):
+            raise TypeError(f"{type(pl_module).__name__} has no loss-term extension point (LossTermsMixin).")
+        pl_module.remove_loss_term("replica_coupling")
+        pl_module.register_loss_term("replica_coupling", self._term)
+
+    def _term(self, module: L.LightningModule, batch: Any, step_output: dict[str, Any]) -> Tensor:  # noqa: ANN401
+        gamma = self.gamma(module.global_step)
+        if getattr(module, "_trainer", None) is not None:  # also callable outside a Trainer
+            module.log("train/replica_gamma", gamma, on_step=True, on_epoch=False)
+        total = sum(((p - p.mean(0, keepdim=True)) ** 2).sum() for p in copy_parameters(module))
+        return 0.5 * gamma * total
+
+    @override
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if hasattr(pl_module, "remove_loss_term"):
+            pl_module.remove_loss_term("replica_coupling")
+
+
+class ElasticAveraging(Callback):
+    """Synchronous EASGD: copies and a centre attract each other every ``period`` steps.
+
+    Args:
+        alpha: the moving rate (``eta * rho`` in the paper); ``M * alpha < 1`` keeps the
+            centre update stable.
+        period: steps between elastic updates (the communication period ``tau``).
+    """
+
+    def __init__(self, alpha: float = 0.05, period: int = 1) -> None:
+        super().__init__()
+        if not 0 < alpha < 1 or period < 1:
+            raise ValueError(f"Need 0 < alpha < 1 and period >= 1, got alpha={alpha}, period={period}.")
+        self.alpha, self.period = alpha, period
+        self.centre: list[Tensor] | None = None
+
+    @override
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        params = copy_parameters(pl_module)
+        m = params[0].shape[0]
+        if m * self.alpha >= 1:
+            raise ValueError(f"EASGD needs M * alpha < 1 for a stable centre; M={m}, alpha={self.alpha}.")
+        if self.centre is None:
+            self.centre = [p.detach().mean(0).clone() for p in params]
+        else:  # resumed: the loaded centre, on the module's device
+            self.centre = [c.to(p.device) for c, p in zip(self.centre, params, strict=True)]
+        self._install(pl_module)
+
+    def _install(self, pl_module: L.LightningModule) -> None:
+        setter = getattr(pl_module, "set_collapse_parameters", None)
+        if callable(setter):
+            setter(self.centre)
+
+    @override
+    @torch.no_grad()
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any,  # noqa: ANN401
+                           batch: Any, batch_idx: int) -> None:  # noqa: ANN401
+        if trainer.global_step % self.period != 0:
+            return
+        assert self.centre is not None
+        for p, c in zip(copy_parameters(pl_module), self.centre, strict=True):
+            diff = p - c
+            p.sub_(self.alpha * diff)
+            c.add_(self.alpha * diff.sum(0))
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {"centre": [c.detach().cpu() for c in self.centre] if self.centre is not None else None}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        centre = state_dict.get("centre")
+        self.centre = [c.clone() for c in centre] if centre is not None else None
