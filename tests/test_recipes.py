@@ -52,8 +52,10 @@ def test_recipe_runs_fast_dev_run(recipe, tmp_path, capsys):
     assert ("test/rmse" in out) or ("test/accuracy" in out)
     if "uq" in recipe.parts:
         assert "uq/test/nll" in out and "uq/test/lppd" in out
-    if "fashion" in recipe.stem:
-        assert "uq/test/varroc_ood" in out
+        if "fashion" in recipe.stem:
+            assert "uq/test/varroc_ood" in out
+    if "mcover" in recipe.parts and "perceptron" not in recipe.stem:
+        assert "test/collapsed_accuracy" in out and "test/copy_accuracy" in out
 
 
 def test_default_recipe_trains_and_tests_end_to_end(tmp_path, capsys):

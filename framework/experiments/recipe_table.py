@@ -39,6 +39,7 @@ def run_recipe(recipe: str, seed: int, out: Path, overrides: Sequence[str] = ())
 
     Returns:
         ``recipe``, ``seed``, every ``test/*`` and ``diversity/test/*`` metric, ``best_epoch``,
+        ``val_monitor`` (the checkpoint's monitored validation value at that epoch),
         ``epochs``, ``n_params`` and ``wall_time_s``.
     """
     start = time.perf_counter()
@@ -57,6 +58,8 @@ def run_recipe(recipe: str, seed: int, out: Path, overrides: Sequence[str] = ())
     row.update({name: round(float(value), 6) for name, value in sorted(results.items())
                 if name != "test/loss"})
     row["best_epoch"] = int(best.split("=")[-1]) if "=" in best else -1
+    if checkpoint.best_model_score is not None:  # the recipe's monitored validation metric, best epoch
+        row["val_monitor"] = round(float(checkpoint.best_model_score), 6)
     row["epochs"] = cli.trainer.current_epoch
     row["n_params"] = sum(p.numel() for p in cli.model.parameters())
     row["wall_time_s"] = round(time.perf_counter() - start, 1)

@@ -48,19 +48,24 @@ def block_index(width: int, n_blocks: int) -> Tensor:
 
 
 def route(x: Tensor, routing: Tensor, blocks: Tensor) -> Tensor:
-    """Copy ``a``'s routed input ``(B, M, D)`` from activations ``x (B, M, D)``.
+    """Copy ``a``'s routed input from activations ``x``, copies first: ``(M, B, D)``.
 
     Args:
-        x: activations of every copy.
+        x: activations of every copy, ``(M, B, D)``.
         routing: ``(n_blocks, M)`` permutations (exact) or ``(n_blocks, M, M)`` mixing
             matrices (block-message) for this layer's slots.
         blocks: ``(D,)`` block of each coordinate (``block_index``).
     """
     if routing.dtype == torch.long:
         source = routing[blocks].T  # (M, D): source copy of destination a at coordinate i
-        return x.gather(1, source.unsqueeze(0).expand(x.shape[0], -1, -1))
-    mixing = routing.to(x.dtype)[blocks]  # (D, M, M)
-    return torch.einsum("iab,nbi->nai", mixing, x)
+        return x.gather(0, source.unsqueeze(1).expand(-1, x.shape[1], -1))
+    mixing = routing.to(x.dtype)
+    n_blocks, width = mixing.shape[0], x.shape[-1]
+    if width % n_blocks == 0:  # equal blocks: one batched matmul over (block, copy)
+        per_block = x.unflatten(-1, (n_blocks, width // n_blocks))
+        return torch.einsum("jab,bnjd->anjd", mixing, per_block).flatten(-2)
+    return torch.cat([torch.einsum("ab,bnd->and", mixing[j], part)
+                      for j, part in enumerate(x.tensor_split(n_blocks, dim=-1))], dim=-1)
 
 
 class CommitteeReadout(nn.Module):
@@ -181,22 +186,23 @@ class RoutedMLP(nn.Module):
         ``return_hidden`` (committee only) returns each copy's own hidden pre-activations
         ``(B, M, C * K)`` (unrouted) instead, for majority votes.
         """
-        h = torch.einsum("bi,moi->bmo", x.flatten(1), self.weights[0]) + self.biases[0]
+        # Copies first inside, (M, B, D): every layer is one GEMM (shared input) or one bmm.
+        w0 = self.weights[0]
+        h = (x.flatten(1) @ w0.flatten(0, 1).T).unflatten(1, (self.m, w0.shape[1])).transpose(0, 1)
+        h = h + self.biases[0][:, None]
         for layer in range(1, self.n_layers):
             slots = self._slots(routing, layer)
             inp = self._act(h)
             if slots is not None:
                 inp = route(inp, slots, getattr(self, f"blocks_{layer}"))
-            h = torch.einsum("bmi,moi->bmo", inp, self.weights[layer]) + self.biases[layer]
-        if self.readout is None:
-            return h
-        if return_hidden:
-            return h
+            h = torch.baddbmm(self.biases[layer][:, None], inp, self.weights[layer].transpose(1, 2))
+        if self.readout is None or return_hidden:
+            return h.transpose(0, 1)
         units = torch.tanh(h)
         slots = self._slots(routing, self.n_layers)
         if slots is not None:
             units = route(units, slots, self.blocks_1)  # the readout reads hidden units across copies
-        return self.readout(units)
+        return self.readout(units).transpose(0, 1)
 
     def copy_network(self, a: int) -> nn.Sequential:
         """Copy ``a`` alone as a plain network of the base architecture (a detached copy)."""
