@@ -16,7 +16,7 @@ def _explicit_forward(net, x, perms):
     blocks = [block_index(net.widths[layer], net.n_blocks) for layer in range(len(net.widths))]
     outputs = []
     for a in range(net.m):
-        h_all = [x.flatten(1) @ net.weights[0][c].T + net.biases[0][c] for c in range(net.m)]
+        h_all = [x.flatten(1) @ net.weights[0][c] + net.biases[0][c] for c in range(net.m)]
         for layer in range(1, net.n_layers):
             acts = [torch.relu(h) for h in h_all]
             new = []
@@ -27,7 +27,7 @@ def _explicit_forward(net, x, perms):
                     src = int(perms[(layer - 1) * net.n_blocks + j, dest])
                     cols.append(acts[src][:, i])
                 inp = torch.stack(cols, 1)
-                new.append(inp @ net.weights[layer][dest].T + net.biases[layer][dest])
+                new.append(inp @ net.weights[layer][dest] + net.biases[layer][dest])
             h_all = new
         outputs.append(h_all[a])
     return torch.stack(outputs, 1)
@@ -89,7 +89,7 @@ def test_collapse_is_the_base_network_with_mean_weights():
     net = RoutedMLP(5, [8], 3, m=M)
     collapsed = net.collapse()
     x = torch.randn(4, 5)
-    expected = torch.relu(x @ net.weights[0].mean(0).T + net.biases[0].mean(0)) @ net.weights[1].mean(0).T
+    expected = torch.relu(x @ net.weights[0].mean(0) + net.biases[0].mean(0)) @ net.weights[1].mean(0)
     assert torch.allclose(collapsed(x), expected + net.biases[1].mean(0), atol=1e-6)
     same = RoutedMLP(5, [8], 3, m=M, init="identical")
     for a in range(M):

@@ -129,7 +129,7 @@ class RoutedMLP(nn.Module):
         self.weights = nn.ParameterList()
         self.biases = nn.ParameterList()
         for d_in, d_out in zip(widths[:-1], widths[1:], strict=True):
-            self.weights.append(nn.Parameter(torch.empty(m, d_out, d_in)))
+            self.weights.append(nn.Parameter(torch.empty(m, d_in, d_out)))  # (M, in, out): x @ W
             self.biases.append(nn.Parameter(torch.empty(m, d_out)))
         self.readout = CommitteeReadout(out_features, committee_size) if head == "committee" else None
         for layer, d_in in enumerate(widths[1:-1] if head == "linear" else []):
@@ -157,8 +157,8 @@ class RoutedMLP(nn.Module):
         """Each copy like a fresh ``nn.Linear``, or all copies equal to copy 0."""
         for w, b in zip(self.weights, self.biases, strict=True):
             for a in range(self.m):
-                layer = nn.Linear(w.shape[2], w.shape[1])
-                w[a].copy_(layer.weight)
+                layer = nn.Linear(w.shape[1], w.shape[2])
+                w[a].copy_(layer.weight.T)
                 b[a].copy_(layer.bias)
             if init == "identical":
                 w.copy_(w[:1].expand_as(w))
@@ -186,16 +186,16 @@ class RoutedMLP(nn.Module):
         ``return_hidden`` (committee only) returns each copy's own hidden pre-activations
         ``(B, M, C * K)`` (unrouted) instead, for majority votes.
         """
-        # Copies first inside, (M, B, D): every layer is one GEMM (shared input) or one bmm.
-        w0 = self.weights[0]
-        h = (x.flatten(1) @ w0.flatten(0, 1).T).unflatten(1, (self.m, w0.shape[1])).transpose(0, 1)
-        h = h + self.biases[0][:, None]
+        # Copies first inside, (M, B, D), weights (M, in, out): each layer is one batched
+        # matmul with no transposes, so the weight gradients come out contiguous (a
+        # transposed layout costs a full copy per layer in backward; bench/mcover_step.py).
+        h = torch.baddbmm(self.biases[0][:, None], x.flatten(1).expand(self.m, -1, -1), self.weights[0])
         for layer in range(1, self.n_layers):
             slots = self._slots(routing, layer)
             inp = self._act(h)
             if slots is not None:
                 inp = route(inp, slots, getattr(self, f"blocks_{layer}"))
-            h = torch.baddbmm(self.biases[layer][:, None], inp, self.weights[layer].transpose(1, 2))
+            h = torch.baddbmm(self.biases[layer][:, None], inp, self.weights[layer])
         if self.readout is None or return_hidden:
             return h.transpose(0, 1)
         units = torch.tanh(h)
@@ -216,8 +216,8 @@ class RoutedMLP(nn.Module):
     def _base_network(self, weights: list[Tensor], biases: list[Tensor]) -> nn.Sequential:
         layers: list[nn.Module] = [nn.Flatten()]
         for i, (w, b) in enumerate(zip(weights, biases, strict=True)):
-            linear = nn.Linear(w.shape[1], w.shape[0]).to(w.device, w.dtype)
-            linear.weight.copy_(w)
+            linear = nn.Linear(w.shape[0], w.shape[1]).to(w.device, w.dtype)
+            linear.weight.copy_(w.T)
             linear.bias.copy_(b)
             layers.append(linear)
             if i < len(weights) - 1 or self.readout is not None:
@@ -227,7 +227,10 @@ class RoutedMLP(nn.Module):
         return nn.Sequential(*layers)
 
     def copy_parameters(self) -> list[Tensor]:
-        """Every parameter, copies on axis 0 (what replica couplings act on)."""
+        """Every parameter, copies on axis 0 (what replica couplings act on).
+
+        Weights first (``(M, in, out)``, layer by layer), then biases (``(M, out)``).
+        """
         return [*self.weights, *self.biases]
 
 
