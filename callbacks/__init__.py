@@ -2,6 +2,7 @@
 
 from callbacks.deep_ensemble import DeepEnsembleSampler
 from callbacks.diversity_monitor import DiversityMonitor
+from callbacks.georeg import GeoReg
 from callbacks.glm_sampler import LastLayerSampler
 from callbacks.laplace_baseline import LaplaceSampler
 from callbacks.mc_dropout import MCDropoutSampler
@@ -14,6 +15,7 @@ __all__ = [
     "DeepEnsembleSampler",
     "DiversityMonitor",
     "ElasticAveraging",
+    "GeoReg",
     "LaplaceSampler",
     "LastLayerSampler",
     "MCDropoutSampler",

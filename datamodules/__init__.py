@@ -1,6 +1,7 @@
 """LightningDataModules for ripieno's methods."""
 
 from datamodules.images import ImageDataError, ImageDataModule, MissingImageDataError
+from datamodules.layer_embeddings import LayerEmbeddingDataModule
 from datamodules.tabular import TabularDataError, TabularDataModule
 from datamodules.tabular_sources import SOURCES
 from datamodules.text import TextDataError, TextDataModule
@@ -12,6 +13,7 @@ __all__ = [
     "ImageDataError",
     "ImageDataModule",
     "ImageSpec",
+    "LayerEmbeddingDataModule",
     "MissingImageDataError",
     "TabularDataError",
     "TabularDataModule",

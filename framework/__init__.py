@@ -1,6 +1,8 @@
 """ripieno's framework: torch layers, LightningModules, metrics and the CLI."""
 
 from framework.image_spec import ImageSpec
+from framework.loes.fusion import FusionClassifier
+from framework.loes.spec import LayerFeatureSpec
 from framework.mcover.module import MCoverClassifier
 from framework.methods.image_classifier import ImageClassifier
 from framework.methods.tabular_ensemble import TabularEnsembleModule
@@ -10,8 +12,10 @@ from framework.tabular_spec import TabularSpec
 from framework.text_spec import TextSpec
 
 __all__ = [
+    "FusionClassifier",
     "ImageClassifier",
     "ImageSpec",
+    "LayerFeatureSpec",
     "MCoverClassifier",
     "TabularEnsembleModule",
     "TabularMLP",

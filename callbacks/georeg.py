@@ -1,0 +1,120 @@
+"""GeoReg: a loss against covariance spectral imbalance and collapsed class centroids.
+
+Added to the training loss through the module's loss-term extension point
+(``LossTermsMixin``):
+
+    weight * (spectral_weight * (1 - Iso(z)) + volume_weight * (-log V(z, y)))
+
+with ``z`` the batch's fused embedding (``step_output[feature_key]``, e.g.
+``FusionClassifier``'s ``features``) and ``y`` its labels (``framework.loes.geometry_loss``
+defines both terms). The terms are computed in float32 with autocast off, so they are the
+same under bf16/fp16 mixed precision. Batches with a single class skip the volume term.
+
+Logged each epoch (``train`` and ``val``), over the whole epoch's embeddings:
+``georeg/<stage>/isotropy`` and ``georeg/<stage>/centroid_log_volume``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback
+from torch import Tensor
+from typing_extensions import override
+
+from framework.loes.geometry_loss import centroid_log_volume, spectral_imbalance
+from framework.loes.geometry_loss import isotropy as batch_isotropy
+
+
+class GeoReg(Callback):
+    """Geometry regulariser for a module that returns its embedding in the step output.
+
+    Args:
+        weight: overall weight of the term.
+        spectral_weight: weight of ``1 - Iso``.
+        volume_weight: weight of ``-log V``.
+        feature_key: key of the embedding in the step output dict.
+        target_key: key of the labels in the batch dict.
+        normalize: L2-normalise embeddings before both terms.
+    """
+
+    def __init__(self, weight: float = 0.1, spectral_weight: float = 1.0, volume_weight: float = 1.0,
+                 feature_key: str = "features", target_key: str = "y", normalize: bool = True) -> None:
+        super().__init__()
+        if min(weight, spectral_weight, volume_weight) < 0:
+            raise ValueError("GeoReg weights must be >= 0.")
+        self.weight, self.spectral_weight, self.volume_weight = weight, spectral_weight, volume_weight
+        self.feature_key, self.target_key, self.normalize = feature_key, target_key, normalize
+        self._epoch: dict[str, tuple[list[Tensor], list[Tensor]]] = {}
+        self.history: list[dict[str, float]] = []
+
+    @property
+    @override
+    def state_key(self) -> str:
+        return self._generate_state_key(weight=self.weight, feature_key=self.feature_key)
+
+    @override
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if not hasattr(pl_module, "register_loss_term"):
+            raise TypeError(f"{type(pl_module).__name__} has no loss-term extension point; mix in"
+                            " framework.methods.loss_terms.LossTermsMixin and add"
+                            " registered_loss_terms(...) to the training loss.")
+        pl_module.remove_loss_term("georeg")
+        pl_module.register_loss_term("georeg", self._term)
+
+    @override
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        pl_module.remove_loss_term("georeg")
+
+    def _features(self, step_output: dict[str, Any]) -> Tensor:
+        if self.feature_key not in step_output:
+            raise KeyError(f"GeoReg needs the step output to hold the embedding under {self.feature_key!r};"
+                           f" it has {sorted(step_output)}.")
+        return step_output[self.feature_key]
+
+    def _term(self, module: L.LightningModule, batch: Any, step_output: dict[str, Any]) -> Tensor:  # noqa: ANN401
+        z, y = self._features(step_output), batch[self.target_key]
+        with torch.autocast(device_type=z.device.type, enabled=False):
+            total = self.spectral_weight * spectral_imbalance(z, self.normalize)
+            if len(torch.unique(y)) >= 2 and self.volume_weight > 0:
+                total = total - self.volume_weight * centroid_log_volume(z, y, self.normalize)
+        return self.weight * total
+
+    def _collect(self, stage: str, outputs: Any, batch: Any) -> None:  # noqa: ANN401
+        if isinstance(outputs, dict) and self.feature_key in outputs:
+            store = self._epoch.setdefault(stage, ([], []))
+            store[0].append(outputs[self.feature_key].detach().float().cpu())
+            store[1].append(batch[self.target_key].detach().cpu())
+
+    @override
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any,  # noqa: ANN401
+                           batch: Any, batch_idx: int) -> None:  # noqa: ANN401
+        self._collect("train", outputs, batch)
+
+    @override
+    def on_validation_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any,  # noqa: ANN401
+                                batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:  # noqa: ANN401
+        self._collect("val", outputs, batch)
+
+    def _log_epoch(self, stage: str, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        z_parts, y_parts = self._epoch.pop(stage, ([], []))
+        if not z_parts or trainer.sanity_checking:
+            return
+        z, y = torch.cat(z_parts), torch.cat(y_parts)
+        values = {"isotropy": float(batch_isotropy(z, self.normalize))}
+        valid = y >= 0
+        if len(torch.unique(y[valid])) >= 2:
+            values["centroid_log_volume"] = float(centroid_log_volume(z[valid], y[valid], self.normalize))
+        for name, value in values.items():
+            pl_module.log(f"georeg/{stage}/{name}", value, sync_dist=True)
+        self.history.append({"stage": stage, "epoch": trainer.current_epoch, **values})
+
+    @override
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._log_epoch("train", trainer, pl_module)
+
+    @override
+    def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._log_epoch("val", trainer, pl_module)

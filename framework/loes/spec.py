@@ -1,0 +1,68 @@
+"""What a fusion head must know about its layer features, passed from datamodule to module."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class LayerFeatureSpec:
+    """The selected layers of a backbone and the classification task on top of them.
+
+    Attributes:
+        n_classes: number of classes; labels are ``0 .. n_classes - 1``.
+        class_names: class labels in code order.
+        n_layers: hidden states of the backbone (embeddings + blocks).
+        d_model: width of every hidden state.
+        selected_layers: chosen hidden-state indices, in selection order.
+        selection: the rule that chose them (``loes``, ``last``, ``best_single``, ...).
+        pooling: ``cls``, ``mean`` or ``last``.
+        backbone_dir: local directory of the backbone.
+        input_keys: the backbone's input tensors in a raw batch.
+        finetune_backbone: whether batches carry backbone inputs (fine-tuning) instead of
+            cached features.
+        n_train: training rows.
+        n_val: validation rows.
+        n_test: test rows.
+        dataset: name of the data source.
+    """
+
+    n_classes: int
+    class_names: list[str]
+    n_layers: int
+    d_model: int
+    selected_layers: list[int]
+    selection: str
+    pooling: str
+    backbone_dir: str
+    input_keys: list[str] = field(default_factory=list)
+    finetune_backbone: bool = False
+    n_train: int = 0
+    n_val: int = 0
+    n_test: int = 0
+    dataset: str = ""
+
+    def __post_init__(self) -> None:
+        """Check the invariants a head relies on."""
+        self.selected_layers = [int(i) for i in self.selected_layers]
+        if self.n_classes < 2 or len(self.class_names) != self.n_classes:
+            raise ValueError(f"n_classes={self.n_classes} needs >= 2 classes and as many class_names"
+                             f" (got {len(self.class_names)}).")
+        if not self.selected_layers or not all(0 <= i < self.n_layers for i in self.selected_layers):
+            raise ValueError(f"selected_layers {self.selected_layers} must be non-empty indices below"
+                             f" n_layers={self.n_layers}.")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-Python form (safe for YAML hparams and ``weights_only`` checkpoints)."""
+        return asdict(self)
+
+    @classmethod
+    def coerce(cls, value: LayerFeatureSpec | dict[str, Any]) -> LayerFeatureSpec:
+        """Accept a spec or its dict form."""
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, dict):
+            return cls(**value)
+        raise TypeError(f"data_spec must be a LayerFeatureSpec or dict, got {type(value).__name__}; pass"
+                        " datamodule.spec (the ripieno CLI links it for you).")

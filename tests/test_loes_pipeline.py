@@ -1,0 +1,161 @@
+"""Layer embeddings (pooling, cache), the layer-feature datamodule, the fusion head and
+GeoReg, on a tiny random BERT with MiniLM's real tokenizer (no downloads)."""
+
+import math
+
+import lightning as L
+import pytest
+import torch
+from transformers import BertConfig, BertModel
+
+from callbacks import GeoReg
+from datamodules import TextDataModule
+from datamodules.layer_embeddings import LayerEmbeddingDataModule
+from framework.loes.features import cached_layer_embeddings, extract_layer_embeddings, minilm_dir
+from framework.loes.fusion import FusionClassifier
+from framework.loes.geometry_loss import centroid_log_volume, isotropy
+
+
+@pytest.fixture(scope="module")
+def tiny_bert(tmp_path_factory):
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("tiny_bert")
+    model = BertModel(BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=3, num_attention_heads=4,
+                                 intermediate_size=64))
+    model.save_pretrained(path)
+    return path, model.eval()
+
+
+def _batches(n=2, b=5, t=7):
+    g = torch.Generator().manual_seed(0)
+    out = []
+    for _ in range(n):
+        ids = torch.randint(1000, 2000, (b, t), generator=g)
+        mask = torch.ones(b, t, dtype=torch.long)
+        mask[0, 4:] = 0
+        mask[2, 2:] = 0
+        out.append({"input_ids": ids, "attention_mask": mask, "y": torch.randint(0, 2, (b,), generator=g)})
+    return out
+
+
+@pytest.mark.parametrize("pooling", ["cls", "mean", "last"])
+def test_pooling_equals_manual_computation(tiny_bert, pooling):
+    _, model = tiny_bert
+    batches = _batches()
+    keys = ["input_ids", "attention_mask"]
+    emb, labels = extract_layer_embeddings(model, batches, keys, pooling, progress=False)
+    assert emb.shape == (4, 10, 32) and torch.equal(labels, torch.cat([b["y"] for b in batches]))
+    batch = batches[0]
+    with torch.no_grad():
+        states = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                       output_hidden_states=True).hidden_states
+    for layer, h in enumerate(states):
+        for row in range(5):
+            real = int(batch["attention_mask"][row].sum())
+            expected = {"cls": h[row, 0], "mean": h[row, :real].mean(0), "last": h[row, real - 1]}[pooling]
+            assert torch.allclose(emb[layer, row], expected, atol=1e-5)
+
+
+def test_cache_is_reused_and_keyed_by_pooling_and_data(tiny_bert, tmp_path):
+    _, model = tiny_bert
+    keys = ["input_ids", "attention_mask"]
+    first = cached_layer_embeddings(model, _batches(), keys, tmp_path, "mean", progress=False)
+    second = cached_layer_embeddings(model, _batches(), keys, tmp_path, "mean", progress=False)
+    assert not first[3] and second[3] and first[2] == second[2] and torch.equal(first[0], second[0])
+    other_pooling = cached_layer_embeddings(model, _batches(), keys, tmp_path, "cls", progress=False)
+    other_data = cached_layer_embeddings(model, _batches(n=1), keys, tmp_path, "mean", progress=False)
+    assert len({first[2], other_pooling[2], other_data[2]}) == 3
+
+
+def test_isotropy_and_centroid_volume_closed_forms():
+    g = torch.Generator().manual_seed(0)
+    iso = float(isotropy(torch.randn(20000, 8, generator=g), normalize=False))
+    assert iso == pytest.approx(1.0, abs=0.01)
+    rank1 = torch.randn(500, 1, generator=g) * torch.randn(1, 8, generator=g)
+    assert float(isotropy(rank1, normalize=False)) == pytest.approx(1 / 8, rel=1e-4)
+    z = torch.tensor([[0.0, 0.0], [0.0, 0.0], [3.0, 0.0], [3.0, 0.0], [0.0, 4.0]])
+    y = torch.tensor([0, 0, 1, 1, 2])
+    area = 0.5 * 3 * 4  # right triangle with legs 3 and 4
+    assert float(centroid_log_volume(z, y, normalize=False, eps=0)) == pytest.approx(math.log(area), rel=1e-5)
+    two = centroid_log_volume(z[:4], y[:4], normalize=False, eps=0)
+    assert float(two) == pytest.approx(math.log(3.0), rel=1e-5)
+
+
+def _layer_dm(tiny_bert, tmp_path, **kw):
+    path, _ = tiny_bert
+    source = TextDataModule("rotten_tomatoes", tokenizer_dir=str(minilm_dir()), max_rows=240, max_length=24)
+    kw = {"selection": "loes", "k": 2, "cache_dir": str(tmp_path / "cache"), "progress": False,
+          "batch_size": 32} | kw
+    return LayerEmbeddingDataModule(source, backbone_dir=str(path), **kw)
+
+
+def test_datamodule_selects_on_the_calibration_split_and_serves_the_selected_layers(tiny_bert, tmp_path):
+    dm = _layer_dm(tiny_bert, tmp_path)
+    spec = dm.spec
+    assert spec.n_layers == 4 and spec.d_model == 32 and len(spec.selected_layers) == 2
+    assert dm.selection_result.layers == spec.selected_layers
+    batch = next(iter(dm.train_dataloader()))
+    assert batch["layers"].shape[1:] == (2, 32)
+    # The served features are the cached pooled embeddings of the selected layers.
+    raw = next(iter(dm.source.test_dataloader()))
+    _, model = tiny_bert
+    emb, _ = extract_layer_embeddings(model, [raw], spec.input_keys, "mean", progress=False)
+    first = dm._splits["test"].layers[: len(raw["y"])]
+    assert torch.allclose(first, emb[spec.selected_layers].transpose(0, 1), atol=1e-5)
+    fixed = _layer_dm(tiny_bert, tmp_path, selection="fixed", layers=[0, 3])
+    assert fixed.spec.selected_layers == [0, 3]
+    with pytest.raises(ValueError, match="out of range"):
+        _ = _layer_dm(tiny_bert, tmp_path, selection="fixed", layers=[7]).spec
+    with pytest.raises(ValueError, match="never 'test'"):
+        _layer_dm(tiny_bert, tmp_path, calibration="test")
+
+
+@pytest.mark.parametrize("head", ["fusion", "scalar_mix", "linear"])
+def test_fusion_heads_train(tiny_bert, tmp_path, head):
+    dm = _layer_dm(tiny_bert, tmp_path, selection="all" if head == "scalar_mix" else "loes")
+    model = FusionClassifier(dm.spec, head=head, d_proj=16)
+    trainer = L.Trainer(max_epochs=2, logger=False, enable_progress_bar=False, enable_checkpointing=False,
+                        enable_model_summary=False)
+    trainer.fit(model, datamodule=dm)
+    result = trainer.test(model, datamodule=dm, verbose=False)[0]
+    assert 0.0 <= result["test/accuracy"] <= 1.0
+
+
+def test_finetuning_pools_the_same_layers_live(tiny_bert, tmp_path):
+    dm = _layer_dm(tiny_bert, tmp_path, finetune_backbone=True)
+    model = FusionClassifier(dm.spec, finetune_backbone=True).eval()
+    raw = next(iter(dm.test_dataloader()))
+    with torch.no_grad():
+        live = model.layers(raw)
+    cached = _layer_dm(tiny_bert, tmp_path)._split("test").layers[: len(raw["y"])]
+    assert torch.allclose(live, cached, atol=1e-5)
+    with pytest.raises(ValueError, match="alike"):
+        FusionClassifier(dm.spec, finetune_backbone=False)
+
+
+def test_georeg_raises_isotropy_and_logs_it(tiny_bert, tmp_path):
+    def run(callbacks):
+        torch.manual_seed(0)
+        dm = _layer_dm(tiny_bert, tmp_path, selection="all")
+        model = FusionClassifier(dm.spec, d_proj=16, lr=3e-3)
+        trainer = L.Trainer(max_epochs=4, logger=False, enable_progress_bar=False, enable_checkpointing=False,
+                            enable_model_summary=False, callbacks=callbacks)
+        trainer.fit(model, datamodule=dm)
+        return trainer.callback_metrics
+
+    georeg, probe = GeoReg(weight=1.0), GeoReg(weight=0.0)
+    with_reg, without = run([georeg]), run([probe])
+    assert "georeg/val/isotropy" in with_reg and "train/loss_term/georeg" in with_reg
+    assert float(with_reg["georeg/val/isotropy"]) >= float(without["georeg/val/isotropy"])
+    assert float(with_reg["georeg/train/isotropy"]) > float(without["georeg/train/isotropy"])
+
+
+def test_georeg_term_is_float32_under_bf16_autocast():
+    z = torch.randn(16, 8, dtype=torch.bfloat16, requires_grad=True)
+    y = torch.tensor([0, 1] * 8)
+    reg = GeoReg(weight=0.5)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        value = reg._term(None, {"y": y}, {"features": z})
+    assert value.dtype == torch.float32
+    value.backward()
+    assert torch.isfinite(z.grad.float()).all()
