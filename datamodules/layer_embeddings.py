@@ -23,6 +23,7 @@ keeps the per-step score table (also written to ``scores_path`` when set), and
 
 from __future__ import annotations
 
+import importlib
 import time
 from pathlib import Path
 from typing import Any, Literal
@@ -82,11 +83,34 @@ def build_small_backbone(kind: str, target: Path) -> None:
     builders[kind](target)
 
 
+def instantiate_source(source: dict[str, Any] | L.LightningDataModule) -> L.LightningDataModule:
+    """The source datamodule from an instance or a ``class_path``/``init_args`` dict."""
+    if isinstance(source, L.LightningDataModule):
+        return source
+    if not isinstance(source, dict) or "class_path" not in source:
+        raise TypeError("source must be a LightningDataModule or {class_path: ..., init_args: {...}},"
+                        f" got {source!r}.")
+    module_name, _, class_name = str(source["class_path"]).rpartition(".")
+    if not module_name:
+        module_name, class_name = "datamodules", class_name
+    try:
+        cls = getattr(importlib.import_module(module_name), class_name)
+    except (ImportError, AttributeError) as error:
+        raise ValueError(f"Unknown source class_path {source['class_path']!r}"
+                         " (e.g. datamodules.TextDataModule).") from error
+    if not (isinstance(cls, type) and issubclass(cls, L.LightningDataModule)):
+        raise TypeError(f"source class_path {source['class_path']!r} is not a LightningDataModule.")
+    return cls(**dict(source.get("init_args") or {}))
+
+
 class LayerEmbeddingDataModule(SplitDataModule):
     """Per-layer embeddings of a backbone on a source datamodule, with layer selection.
 
     Args:
-        source: the datamodule whose batches hold the backbone's inputs and ``y``.
+        source: the datamodule whose batches hold the backbone's inputs and ``y``, or its
+            ``{"class_path": ..., "init_args": {...}}`` (what recipes give: the datamodule is
+            built here, so Lightning's CLI does not hand it this module's hyperparameters;
+            Python code may pass an instance).
         backbone_dir: local ``save_pretrained`` folder, or ``minilm``.
         build_backbone: ``gpt2``, ``dinov2`` or ``wav2vec2``: build a small random model
             into ``backbone_dir`` when it has none (printed; no real weights ship offline).
@@ -100,6 +124,8 @@ class LayerEmbeddingDataModule(SplitDataModule):
         ridge_lambda: ridge regularisation of the probes.
         ridge_loss: ``loo`` (leave-one-out, honest on the calibration rows) or ``train``.
         calibration: split that selection sees: ``train`` or ``val`` (never ``test``).
+        calibration_rows: a seeded random subset of that many calibration rows for
+            selection (``null``: all); selection cost grows as ``N D^2``.
         input_keys: the backbone's inputs in a source batch (default: the source's
             ``input_keys``, else every key but ``y``).
         cache_dir: folder of the embedding cache.
@@ -114,7 +140,7 @@ class LayerEmbeddingDataModule(SplitDataModule):
 
     def __init__(
         self,
-        source: L.LightningDataModule,
+        source: dict[str, Any],
         backbone_dir: str = "minilm",
         build_backbone: Literal["gpt2", "dinov2", "wav2vec2"] | None = None,
         pooling: Pooling = "mean",
@@ -127,6 +153,7 @@ class LayerEmbeddingDataModule(SplitDataModule):
         ridge_lambda: float = 1e-3,
         ridge_loss: Literal["loo", "train"] = "loo",
         calibration: Literal["train", "val"] = "train",
+        calibration_rows: int | None = 2000,
         input_keys: list[str] | None = None,
         cache_dir: str = "runs/cache/layer_embeddings",
         finetune_backbone: bool = False,
@@ -139,7 +166,11 @@ class LayerEmbeddingDataModule(SplitDataModule):
     ) -> None:
         super().__init__()
         self.save_hyperparameters(ignore=["source"])
-        self.source = source
+        # Built on first use, not here: under LightningCLI this __init__ runs inside the CLI's
+        # hyperparameter context, which would hand the source *this* module's hyperparameters.
+        self._source_config = source
+        self._source: L.LightningDataModule | None = (
+            source if isinstance(source, L.LightningDataModule) else None)
         self.selection_result: LayerSelection | None = None
         self.timings: dict[str, float] = {}
         self._check_args()
@@ -157,6 +188,13 @@ class LayerEmbeddingDataModule(SplitDataModule):
         if hp.build_backbone is not None and hp.build_backbone not in SMALL_BACKBONES:
             raise ValueError(f"build_backbone must be one of {SMALL_BACKBONES} or null,"
                              f" got {hp.build_backbone!r}.")
+
+    @property
+    def source(self) -> L.LightningDataModule:
+        """The source datamodule (built from its config on first use)."""
+        if self._source is None:
+            self._source = instantiate_source(self._source_config)
+        return self._source
 
     @property
     def spec(self) -> LayerFeatureSpec:
@@ -249,6 +287,10 @@ class LayerEmbeddingDataModule(SplitDataModule):
         if hp.k > n_layers:
             raise ValueError(f"k={hp.k} exceeds the backbone's {n_layers} hidden states.")
         emb, labels = calibration
+        if hp.calibration_rows is not None and hp.calibration_rows < len(labels):
+            generator = torch.Generator().manual_seed(hp.split_seed)
+            rows = torch.randperm(len(labels), generator=generator)[: hp.calibration_rows]
+            emb, labels = emb[:, rows], labels[rows]
         kwargs: dict[str, Any] = {"lam": hp.ridge_lambda, "loss": hp.ridge_loss}
         if hp.selection == "loes":
             kwargs.update(alpha=hp.alpha, gamma=hp.gamma, eta=hp.eta)
@@ -260,7 +302,8 @@ class LayerEmbeddingDataModule(SplitDataModule):
             Path(hp.scores_path).parent.mkdir(parents=True, exist_ok=True)
             result.scores.to_csv(hp.scores_path, index=False)
         rank_zero_info(f"LayerEmbeddingDataModule: {hp.selection} chose layers {result.layers} of {n_layers}"
-                       f" on the {hp.calibration} split ({self.timings['selection_s']:.2f} s)")
+                       f" on {len(labels)} rows of the {hp.calibration} split"
+                       f" ({self.timings['selection_s']:.2f} s)")
         return [int(i) for i in result.layers]
 
     # ------------------------------------------------------------------ loaders

@@ -1,5 +1,6 @@
 """Every recipe round-trips through --print_config and runs through the ripieno CLI."""
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -17,8 +18,28 @@ QUICK_UQ = ["--data.init_args.max_train_rows=600", "--trainer.enable_progress_ba
             "--trainer.enable_model_summary=false"]
 
 
+def _quick_layer_embeddings(config, tmp_path):
+    """A small source (its own max_rows) and a private cache / model folder."""
+    args = config["data"]["init_args"]
+    source = args["source"]
+    init = dict(source.get("init_args") or {})
+    init["max_rows"] = 120
+    if init.get("tokenizer_dir"):
+        init["tokenizer_dir"] = str(tmp_path / "tokenizer")
+    out = [f"--data.init_args.source={json.dumps({'class_path': source['class_path'], 'init_args': init})}",
+           f"--data.init_args.cache_dir={tmp_path}/cache", "--data.init_args.progress=false",
+           "--data.init_args.scores_path=null", "--trainer.enable_progress_bar=false",
+           "--trainer.enable_model_summary=false"]
+    if args.get("build_backbone"):
+        out.append(f"--data.init_args.backbone_dir={tmp_path}/backbone")
+    return out
+
+
 def _quick(recipe, tmp_path):
-    data = yaml.safe_load(recipe.read_text())["data"]["class_path"]
+    config = yaml.safe_load(recipe.read_text())
+    data = config["data"]["class_path"]
+    if data.endswith("LayerEmbeddingDataModule"):
+        return _quick_layer_embeddings(config, tmp_path)
     if data.endswith("TextDataModule"):
         return [*QUICK, f"--data.init_args.tokenizer_dir={tmp_path}/tokenizer"]
     return QUICK_UQ if data.endswith("ImageDataModule") else QUICK

@@ -137,7 +137,13 @@ def _span_basis(sc: Tensor, rtol: float | None) -> tuple[Tensor, Tensor, Tensor]
     return u[:, keep], s[keep], vh[keep]
 
 
-def orthogonalize(x: Tensor, selected: Tensor, rtol: float | None = None, null_tol: float = 1e-6) -> Tensor:
+def span_basis(selected: Tensor, rtol: float | None = None) -> Tensor:
+    """Orthonormal basis ``U (N, r)`` of the column span of centred ``selected`` (see ``orthogonalize``)."""
+    return _span_basis(_centre(selected), rtol)[0]
+
+
+def orthogonalize(x: Tensor, selected: Tensor, rtol: float | None = None, null_tol: float = 1e-6,
+                  basis: Tensor | None = None) -> Tensor:
     """The part of centred ``x`` orthogonal to the column span of centred ``selected``.
 
     ``X~ = Xc - U U^T Xc`` with ``U`` an orthonormal basis of ``span(Sc)`` from the SVD, keeping
@@ -151,12 +157,14 @@ def orthogonalize(x: Tensor, selected: Tensor, rtol: float | None = None, null_t
         selected: Selected features ``(N, Ds)`` (the concatenated selected layers).
         rtol: Relative singular-value cutoff for the rank of ``selected``.
         null_tol: Relative norm below which the residual is set to zero.
+        basis: ``span_basis(selected, rtol)`` when already computed (one SVD serves every
+            candidate of a selection step).
 
     Returns:
         The centred residual ``(N, Dx)``.
     """
     xc = _centre(x)
-    u, _, _ = _span_basis(_centre(selected), rtol)
+    u = basis if basis is not None else span_basis(selected, rtol)
     residual = xc - u @ (u.T @ xc)
     if torch.linalg.matrix_norm(residual) <= null_tol * torch.linalg.matrix_norm(xc):
         return torch.zeros_like(residual)

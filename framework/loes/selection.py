@@ -60,6 +60,7 @@ from framework.loes.geometry import (
     redundancy,
     ridge_fit,
     ridge_loss,
+    span_basis,
     triangle_score,
 )
 
@@ -383,8 +384,9 @@ def _greedy(
         if chosen and targets.matrix is not None:
             selected = torch.cat([views[i] for i in chosen], dim=1)
             fit_target = targets.matrix - ridge_fit(selected, targets.matrix, weights.lam).predict(selected)
+        basis = span_basis(torch.cat([views[i] for i in chosen], dim=1)) if chosen else None
         step_rows = [
-            _score_candidate(views, chosen, layer, fit_target, targets, weights)
+            _score_candidate(views, chosen, layer, fit_target, targets, weights, basis)
             for layer in range(len(views))
             if layer not in chosen
         ]
@@ -403,8 +405,12 @@ def _score_candidate(
     fit_target: Tensor | None,
     targets: _Targets,
     weights: _Weights,
+    basis: Tensor | None = None,
 ) -> dict[str, Any]:
-    """Every term of one candidate at one step, and the total LOES minimises."""
+    """Every term of one candidate at one step, and the total LOES minimises.
+
+    ``basis`` is the step's ``span_basis`` of the selected layers (computed once per step).
+    """
     x = views[layer]
     nan = float("nan")
     ridge = red = tri = nan
@@ -412,7 +418,7 @@ def _score_candidate(
         features = x
     else:
         selected = torch.cat([views[i] for i in chosen], dim=1)
-        features = orthogonalize(x, selected)
+        features = orthogonalize(x, selected, basis=basis)
         red = float(redundancy(x, selected))
         if targets.labels is not None:
             tri = float(triangle_score(
