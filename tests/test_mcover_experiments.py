@@ -23,7 +23,8 @@ def test_best_sigma_is_chosen_on_validation_not_test():
 def test_committee_family_runs_end_to_end(tmp_path):
     out = tmp_path / "out"
     mcover_seeds.main(["--family", "committee", "--seeds", "0", "--sigmas", "1", "--out", str(out),
-                       "--override", "trainer.max_epochs=1", "--override", "data.init_args.max_train_rows=300"])
+                       "--override", "trainer.max_epochs=1",
+                       "--override", "data.init_args.max_train_rows=300"])
     frame = pd.read_csv(out / "runs.csv")
     assert set(frame["variant"]) == {"M-cover ring sigma=1", "M=1 (plain SGD)", "independent (diagonal Q)",
                                      "replicated SGD"}
