@@ -13,6 +13,11 @@ $(STAMP): pyproject.toml
 	  if [ "$$(id -u)" = 0 ]; then apt-get install -y -q dataset-fashion-mnist >/dev/null || \
 	    (apt-get update -q >/dev/null && apt-get install -y -q dataset-fashion-mnist >/dev/null); \
 	  else echo "ripieno: Fashion-MNIST needs: sudo apt-get install dataset-fashion-mnist"; fi; fi
+	@# Audio: spoken digits are synthesised with espeak-ng; real digit clips ship in asterisk-core-sounds-en-wav.
+	@if ! command -v espeak-ng >/dev/null || [ ! -f /usr/share/asterisk/sounds/en/digits/0.wav ]; then \
+	  if [ "$$(id -u)" = 0 ]; then apt-get install -y -q espeak-ng asterisk-core-sounds-en-wav >/dev/null || \
+	    (apt-get update -q >/dev/null && apt-get install -y -q espeak-ng asterisk-core-sounds-en-wav >/dev/null); \
+	  else echo "ripieno: audio data needs: sudo apt-get install espeak-ng asterisk-core-sounds-en-wav"; fi; fi
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[test]'

@@ -16,6 +16,9 @@ and ``y``). On setup it
 4. serves ``{"layers": (B, K, D), "y"}`` batches of the selected layers, or, with
    ``finetune_backbone``, the source's own batches (the model pools the same layers live).
 
+A text source without ``tokenizer_dir`` reads the backbone's tokenizer, and an image or
+audio source without ``model_dir`` the backbone's image processor / feature extractor.
+
 ``spec`` (a ``LayerFeatureSpec``) carries the selection to the model; ``selection_result``
 keeps the per-step score table (also written to ``scores_path`` when set), and
 ``timings`` the extraction and selection seconds.
@@ -239,6 +242,8 @@ class LayerEmbeddingDataModule(SplitDataModule):
         if "tokenizer_dir" in source_hp and source_hp.get("tokenizer_dir") is None \
                 and not source_hp.get("build_tokenizer", False):
             source_hp["tokenizer_dir"] = str(backbone_dir)  # a text source reads the backbone's tokenizer
+        if "model_dir" in source_hp and source_hp.get("model_dir") is None:
+            source_hp["model_dir"] = str(backbone_dir)  # image/audio sources: the backbone's preprocessing
         self.source.setup("fit")
         model = load_pretrained_backbone(backbone_dir)
         loaders = self._source_loaders()

@@ -23,7 +23,7 @@ def _quick_layer_embeddings(config, tmp_path):
     args = config["data"]["init_args"]
     source = args["source"]
     init = dict(source.get("init_args") or {})
-    init["max_rows"] = 120
+    init["max_rows" if source["class_path"].endswith("TextDataModule") else "max_train_rows"] = 120
     if init.get("tokenizer_dir"):
         init["tokenizer_dir"] = str(tmp_path / "tokenizer")
     out = [f"--data.init_args.source={json.dumps({'class_path': source['class_path'], 'init_args': init})}",
@@ -40,6 +40,9 @@ def _quick(recipe, tmp_path):
     data = config["data"]["class_path"]
     if data.endswith("LayerEmbeddingDataModule"):
         return _quick_layer_embeddings(config, tmp_path)
+    if data.endswith("TeacherStudentDataModule"):
+        return ["--data.init_args.n_inputs=50", "--trainer.enable_progress_bar=false",
+                "--trainer.enable_model_summary=false"]
     if data.endswith("TextDataModule"):
         return [*QUICK, f"--data.init_args.tokenizer_dir={tmp_path}/tokenizer"]
     return QUICK_UQ if data.endswith("ImageDataModule") else QUICK

@@ -1,0 +1,466 @@
+"""BackboneImageDataModule: images preprocessed by a pretrained backbone's own processor.
+
+Feeds per-layer feature extraction (LOES, GeoReg) and fine-tuning of a vision backbone
+(DINOv2, a ViT): batches are dicts holding exactly the model's inputs plus labels,
+``{"pixel_values": float (B, 3, H, W), "y": long (B,)}``, so a Hugging Face model runs
+as ``model(**{k: batch[k] for k in dm.input_keys}, output_hidden_states=True)``.
+
+Preprocessing is the model's own, read from ``model_dir`` (nothing is downloaded):
+
+* a Hugging Face ``save_pretrained`` folder with ``preprocessor_config.json``
+  (``AutoImageProcessor.from_pretrained``: resize, crop, rescale, normalise);
+* a timm folder (``timm.models.save_for_hf``: ``config.json`` with ``pretrained_cfg``),
+  through ``timm.data.resolve_data_config`` and ``create_transform``.
+
+``framework.loes.small_models`` writes small random folders of both kinds.
+
+Images come from the shipped sets of ``datamodules.images`` (``fashion_mnist``,
+``mnist_5k``, ``digits``, or any of its ``SOURCES`` with a local root), grey images
+turned to RGB, or from an image folder ``root/<class>/**/*.png|jpg|...`` read with PIL.
+Images stay compact (``uint8`` arrays or file paths) and are preprocessed a batch at a
+time, so even full Fashion-MNIST at 224 pixels fits in memory. Splits are stratified
+and seeded by ``split_seed``, as in ``ImageDataModule``. Every file is opened and checked
+when the data is prepared, so unreadable images fail before any model runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+from torch import Tensor
+from torch.utils.data import Dataset
+
+from datamodules.base import SplitDataModule
+from datamodules.images import SOURCES as IMAGE_SOURCES
+from datamodules.images import (
+    ImageDataError,
+    MissingImageDataError,
+    _stratified_split,
+    _stratified_subset,
+    load_source,
+)
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".webp")
+FOLDER = "folder"
+BUILD_HINT = ("build a small random one with `python -m framework.loes.small_models {kind} <dir>` (tests,"
+              " plumbing), or save real weights on a machine with internet:"
+              " `AutoModel.from_pretrained(name).save_pretrained(dir)` and the same for its {processor}")
+
+
+# ------------------------------------------------------------------------------- spec
+@dataclass
+class BackboneDataSpec:
+    """What a backbone-based module must know about its data, passed from datamodule to module.
+
+    Shared by the vision and audio backbone datamodules.
+
+    Attributes:
+        n_classes: number of classes; labels are ``0 .. n_classes - 1``.
+        class_names: class labels in code order.
+        n_train: training rows.
+        n_val: validation rows.
+        n_test: test rows.
+        dataset: name of the source (shipped name or folder path).
+        input_keys: the model's input tensors in every batch (``y`` excluded).
+        model_dir: local folder of the backbone and its preprocessing config.
+        modality: ``image`` or ``audio``.
+        sampling_rate: audio samples per second fed to the model (``None`` for images).
+    """
+
+    n_classes: int
+    class_names: list[str]
+    n_train: int
+    n_val: int
+    n_test: int
+    dataset: str
+    input_keys: list[str] = field(default_factory=list)
+    model_dir: str = ""
+    modality: str = "image"
+    sampling_rate: int | None = None
+
+    def __post_init__(self) -> None:
+        """Check the invariants a model relies on."""
+        self.class_names = [str(c) for c in self.class_names]
+        self.input_keys = [str(k) for k in self.input_keys]
+        if self.n_classes < 2 or len(self.class_names) != self.n_classes:
+            raise ValueError(f"n_classes={self.n_classes} needs >= 2 classes and as many class_names"
+                             f" (got {len(self.class_names)}).")
+        if not self.input_keys or "y" in self.input_keys:
+            raise ValueError(f"input_keys must name the model inputs (not 'y'), got {self.input_keys}.")
+        if self.modality not in ("image", "audio"):
+            raise ValueError(f"modality must be 'image' or 'audio', got {self.modality!r}.")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain-Python form (safe for YAML hparams and ``weights_only`` checkpoints)."""
+        return asdict(self)
+
+    @classmethod
+    def coerce(cls, value: BackboneDataSpec | dict[str, Any]) -> BackboneDataSpec:
+        """Accept a spec or its dict form."""
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, dict):
+            return cls(**value)
+        raise TypeError(f"data_spec must be a BackboneDataSpec or dict, got {type(value).__name__}; pass"
+                        " datamodule.spec (the ripieno CLI links it for you).")
+
+
+# --------------------------------------------------------------------- preprocessing
+class ImagePreprocessor:
+    """A backbone's own image preprocessing: RGB PIL images -> ``float32 (B, 3, H, W)``.
+
+    Args:
+        model_dir: a Hugging Face folder with ``preprocessor_config.json`` or a timm folder
+            whose ``config.json`` holds ``pretrained_cfg``.
+
+    Attributes:
+        kind: ``hf`` or ``timm``.
+        processor: the Hugging Face image processor (``None`` for timm).
+        transform: the timm eval transform (``None`` for Hugging Face).
+    """
+
+    def __init__(self, model_dir: str | Path | None) -> None:
+        path = resolve_model_dir(model_dir, "dinov2", "AutoImageProcessor")
+        self.model_dir = str(path)
+        self.processor: Any = None
+        self.transform: Callable[[Image.Image], Tensor] | None = None
+        timm_cfg = _timm_pretrained_cfg(path)
+        if (path / "preprocessor_config.json").is_file():
+            from transformers import AutoImageProcessor
+
+            try:
+                self.processor = AutoImageProcessor.from_pretrained(str(path))
+            except (OSError, ValueError, KeyError) as err:
+                reason = str(err).split(". ")[0]  # transformers appends a very long list of model types
+                raise ImageDataError(f"{str(path / 'preprocessor_config.json')!r} is not an image processor"
+                                     f" config ({reason}); is model_dir an audio or text model?") from err
+            self.kind = "hf"
+        elif timm_cfg is not None:
+            from timm.data import create_transform, resolve_data_config
+
+            self.transform = create_transform(**resolve_data_config({}, pretrained_cfg=timm_cfg),
+                                              is_training=False)
+            self.kind = "timm"
+        else:
+            raise MissingImageDataError(
+                f"{str(path)!r} holds no image preprocessing: expected preprocessor_config.json (Hugging"
+                " Face save_pretrained of the model's image processor) or a timm config.json with"
+                f" pretrained_cfg; {BUILD_HINT.format(kind='dinov2', processor='AutoImageProcessor')}.")
+
+    def __call__(self, images: Sequence[Image.Image]) -> Tensor:
+        """Preprocess a batch of RGB images."""
+        if self.kind == "hf":
+            return self.processor(images=list(images), return_tensors="pt")["pixel_values"].float()
+        return torch.stack([self.transform(image) for image in images]).float()
+
+
+def load_image_preprocessor(model_dir: str | Path | None) -> ImagePreprocessor:
+    """The image preprocessing saved in ``model_dir`` (Hugging Face or timm), loaded offline."""
+    return ImagePreprocessor(model_dir)
+
+
+def resolve_model_dir(model_dir: str | Path | None, kind: str, processor: str,
+                      error: type[Exception] = MissingImageDataError) -> Path:
+    """``model_dir`` as an existing folder, or ``error`` saying how to build or save one."""
+    hint = BUILD_HINT.format(kind=kind, processor=processor)
+    if model_dir is None:
+        raise error(f"Set data.model_dir to a local folder holding the backbone and its preprocessing;"
+                    f" {hint}.")
+    path = Path(model_dir).expanduser()
+    if not path.is_dir():
+        raise error(f"model_dir {str(path)!r} does not exist (downloads are disabled); {hint}.")
+    return path
+
+
+def _timm_pretrained_cfg(path: Path) -> dict[str, Any] | None:
+    config = path / "config.json"
+    if not config.is_file():
+        return None
+    try:
+        data = json.loads(config.read_text())
+    except (OSError, ValueError):
+        return None
+    cfg = data.get("pretrained_cfg") if isinstance(data, dict) and "architecture" in data else None
+    return cfg if isinstance(cfg, dict) else None
+
+
+# ---------------------------------------------------------------------------- images
+class ArrayImages:
+    """Rows of a ``uint8 (N, C, H, W)`` array as RGB PIL images (grey repeated to 3 channels)."""
+
+    def __init__(self, array: np.ndarray, rows: np.ndarray, max_value: int = 255) -> None:
+        if array.ndim != 4 or array.shape[1] not in (1, 3):
+            raise ImageDataError(f"Expected uint8 images (N, 1 or 3, H, W), got shape {array.shape}.")
+        self.array, self.rows, self.max_value = array, np.asarray(rows, dtype=np.int64), max_value
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index: int) -> Image.Image:
+        image = self.array[self.rows[index]]
+        if self.max_value != 255:
+            image = np.round(image.astype(np.float32) * (255.0 / self.max_value)).astype(np.uint8)
+        if image.shape[0] == 1:
+            image = np.repeat(image, 3, axis=0)
+        return Image.fromarray(np.ascontiguousarray(image.transpose(1, 2, 0)))
+
+
+class FileImages:
+    """Image files as RGB PIL images (any PIL mode converted)."""
+
+    def __init__(self, paths: Sequence[Path]) -> None:
+        self.paths = list(paths)
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, index: int) -> Image.Image:
+        path = self.paths[index]
+        try:
+            with Image.open(path) as image:
+                return image.convert("RGB")
+        except (OSError, ValueError) as err:
+            raise ImageDataError(f"Cannot read image {str(path)!r} ({err}); replace or remove it.") from err
+
+
+@dataclass
+class ImageFolder:
+    """An image folder's files, integer labels and class names (sorted folder names)."""
+
+    paths: list[Path]
+    labels: np.ndarray
+    class_names: list[str]
+
+
+def scan_image_folder(root: str | Path) -> ImageFolder:
+    """List ``root/<class>/**/*`` images and check that every one opens.
+
+    Raises:
+        MissingImageDataError: ``root`` does not exist.
+        ImageDataError: fewer than two class folders, class folders without images, or
+            files that PIL cannot read (all listed in one message).
+    """
+    root = Path(root).expanduser()
+    layout = f"{str(root)}/<class>/*{'|'.join(IMAGE_SUFFIXES)}"
+    if not root.is_dir():
+        raise MissingImageDataError(f"Image folder {str(root)!r} does not exist; expected {layout}.")
+    classes = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    if len(classes) < 2:
+        raise ImageDataError(f"Image folder {str(root)!r} has {len(classes)} class folder(s) {classes};"
+                             f" a classifier needs at least two: {layout}.")
+    paths: list[Path] = []
+    labels: list[int] = []
+    empty = []
+    for label, name in enumerate(classes):
+        files = sorted(p for p in (root / name).rglob("*")
+                       if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES and not p.name.startswith("."))
+        if not files:
+            empty.append(name)
+        paths += files
+        labels += [label] * len(files)
+    if empty:
+        raise ImageDataError(f"Class folder(s) {empty} under {str(root)!r} hold no images"
+                             f" ({', '.join(IMAGE_SUFFIXES)}); add images or remove the folders.")
+    bad = []
+    for path in paths:
+        try:
+            with Image.open(path) as image:
+                image.verify()
+        except Exception as err:  # PIL raises many exception types for broken files
+            bad.append(f"{path} ({type(err).__name__}: {err})")
+    if bad:
+        shown = "; ".join(bad[:5]) + (f"; and {len(bad) - 5} more" if len(bad) > 5 else "")
+        raise ImageDataError(f"{len(bad)} unreadable image(s) under {str(root)!r}: {shown}. Replace or"
+                             " remove them.")
+    return ImageFolder(paths=paths, labels=np.asarray(labels, dtype=np.int64), class_names=classes)
+
+
+# ---------------------------------------------------------------------------- splits
+def seeded_splits(
+    labels: np.ndarray,
+    val_size: float,
+    test_size: float | None,
+    seed: int,
+    max_train_rows: int | None = None,
+    error: type[Exception] = ImageDataError,
+) -> dict[str, np.ndarray]:
+    """Stratified, seeded ``train`` / ``val`` / ``test`` row indices of ``labels``.
+
+    ``test_size`` of the rows go to ``test`` first (none when ``test_size`` is ``None``,
+    for sources with their own test set); ``max_train_rows`` then caps the rest (a
+    stratified subset), of which ``val_size`` go to ``val``. The same seed gives the same
+    splits, and the three are disjoint.
+    """
+    rows = np.arange(len(labels))
+    try:
+        if test_size is None:
+            pool, test = rows, np.empty(0, dtype=np.int64)
+        else:
+            pool, test = _stratified_split(rows, labels, test_size, seed, "test_size")
+        if max_train_rows is not None and max_train_rows < len(pool):
+            pool = _stratified_subset(pool, labels, max_train_rows, seed)
+        train, val = _stratified_split(pool, labels, val_size, seed, "val_size")
+    except ImageDataError as err:
+        if issubclass(ImageDataError, error):
+            raise
+        raise error(str(err)) from err
+    return {"train": train, "val": val, "test": test}
+
+
+def check_split_args(hparams: Any, error: type[Exception]) -> None:  # noqa: ANN401
+    """Validate the split, batch and worker hyperparameters shared by the backbone datamodules."""
+    for key in ("val_size", "test_size"):
+        if not 0.0 < hparams[key] < 1.0:
+            raise error(f"{key} must be a fraction in (0, 1), got {hparams[key]}.")
+    for key in ("batch_size", "eval_batch_size"):
+        if hparams[key] < 1:
+            raise error(f"{key} must be a positive integer, got {hparams[key]}.")
+    if hparams.max_train_rows is not None and hparams.max_train_rows < 2:
+        raise error(f"max_train_rows must be at least 2 (or null), got {hparams.max_train_rows}.")
+    if hparams.num_workers < 0:
+        raise error(f"num_workers must be >= 0, got {hparams.num_workers}.")
+
+
+# ---------------------------------------------------------------------------- dataset
+class BackboneImageDataset(Dataset):
+    """Images as dict batches ``{"pixel_values": float (B, 3, H, W), "y": long (B,)}``.
+
+    Each batch is preprocessed by the backbone's processor in ``__getitems__``.
+    """
+
+    def __init__(self, images: ArrayImages | FileImages, labels: Tensor,
+                 preprocess: ImagePreprocessor) -> None:
+        if len(images) != len(labels):
+            raise ImageDataError(f"{len(images)} images but {len(labels)} labels.")
+        self.images, self.labels, self.preprocess = images, labels, preprocess
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def image(self, index: int) -> Image.Image:
+        """The RGB image at ``index``, before preprocessing."""
+        return self.images[index]
+
+    def __getitem__(self, index: int) -> dict[str, Tensor]:
+        batch = self.__getitems__([index])
+        return {key: value[0] for key, value in batch.items()}
+
+    def __getitems__(self, indices: list[int]) -> dict[str, Tensor]:
+        pixels = self.preprocess([self.images[i] for i in indices])
+        return {"pixel_values": pixels, "y": self.labels[torch.as_tensor(indices)]}
+
+
+# ------------------------------------------------------------------------ datamodule
+class BackboneImageDataModule(SplitDataModule):
+    """Train/val/test images preprocessed by a vision backbone's own processor.
+
+    Batches are ``{"pixel_values": float (B, 3, H, W), "y": long (B,)}``; ``input_keys``
+    is ``("pixel_values",)``. ``spec`` is a ``BackboneDataSpec``.
+
+    Splits: sources with an official test split (``fashion_mnist``, torchvision roots)
+    keep it; the others (``mnist_5k``, ``digits``, image folders) first lose ``test_size``
+    of their rows to a stratified test split. ``max_train_rows`` caps the rest (train +
+    validation, stratified), of which ``val_size`` is validation. All seeded by
+    ``split_seed``.
+
+    Args:
+        dataset: a source of ``datamodules.images.SOURCES`` (``fashion_mnist``,
+            ``mnist_5k``, ``digits``, ...), or ``folder`` (or ``None`` with ``root``) for
+            an image folder.
+        root: the image folder ``root/<class>/*.png|jpg`` for ``folder``; for a named
+            source, its files' folder as in ``ImageDataModule``.
+        model_dir: local folder of the backbone with its image preprocessing (Hugging
+            Face ``save_pretrained`` with ``preprocessor_config.json``, or timm
+            ``save_for_hf``); ``framework.loes.small_models`` builds random ones.
+        val_size: fraction of the training pool held out for validation, in (0, 1).
+        test_size: fraction held out for testing, for sources without a test split.
+        split_seed: seed of every split, the subset and the training order.
+        max_train_rows: optional cap on the training pool (train + validation).
+        batch_size: training batch size.
+        eval_batch_size: batch size for validation, test and predict.
+        num_workers: DataLoader workers (preprocessing runs in them).
+    """
+
+    input_keys: tuple[str, ...] = ("pixel_values",)
+
+    def __init__(
+        self,
+        dataset: str | None = None,
+        root: str | None = None,
+        model_dir: str | None = None,
+        val_size: float = 0.1,
+        test_size: float = 0.2,
+        split_seed: int = 0,
+        max_train_rows: int | None = None,
+        batch_size: int = 32,
+        eval_batch_size: int = 64,
+        num_workers: int = 0,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters()
+        self._preprocessor: ImagePreprocessor | None = None
+
+    @property
+    def spec(self) -> BackboneDataSpec:
+        """The data's spec; prepares (loads, checks, splits) on first use."""
+        return super().spec
+
+    @property
+    def preprocessor(self) -> ImagePreprocessor:
+        """The backbone's image preprocessing, loaded from ``model_dir``."""
+        if self._preprocessor is None:
+            self._preprocessor = ImagePreprocessor(self.hparams.model_dir)
+        return self._preprocessor
+
+    def _check_args(self) -> None:
+        hp = self.hparams
+        check_split_args(hp, ImageDataError)
+        if hp.dataset in (None, FOLDER):
+            if hp.root is None:
+                raise ImageDataError(f"Set data.dataset to one of {sorted(IMAGE_SOURCES)} or data.root to an"
+                                     " image folder root/<class>/*.png|jpg.")
+        elif hp.dataset not in IMAGE_SOURCES:
+            raise ImageDataError(f"Unknown image data set {hp.dataset!r}; choose one of"
+                                 f" {sorted(IMAGE_SOURCES)}, or '{FOLDER}' with data.root.")
+
+    def _prepare(self) -> None:
+        hp = self.hparams
+        self._check_args()
+        preprocess = self.preprocessor
+        seed = hp.split_seed
+        if hp.dataset in (None, FOLDER):
+            folder = scan_image_folder(hp.root)
+            rows = seeded_splits(folder.labels, hp.val_size, hp.test_size, seed, hp.max_train_rows)
+            class_names, name = folder.class_names, str(Path(hp.root).expanduser())
+            parts = {split: (FileImages([folder.paths[i] for i in r]), folder.labels[r])
+                     for split, r in rows.items()}
+        else:
+            raw = load_source(hp.dataset, hp.root)
+            official_test = raw.test_x is not None
+            rows = seeded_splits(raw.train_y, hp.val_size, None if official_test else hp.test_size, seed,
+                                 hp.max_train_rows)
+            class_names, name = list(raw.class_names), hp.dataset
+            parts = {split: (ArrayImages(raw.train_x, r, raw.max_value), raw.train_y[r])
+                     for split, r in rows.items()}
+            if official_test:
+                test_rows = np.arange(len(raw.test_y))
+                parts["test"] = (ArrayImages(raw.test_x, test_rows, raw.max_value), raw.test_y)
+        self._splits = {split: BackboneImageDataset(images, torch.as_tensor(np.array(y, dtype=np.int64)),
+                                                    preprocess)
+                        for split, (images, y) in parts.items()}
+        self._spec = BackboneDataSpec(
+            n_classes=len(class_names), class_names=class_names, n_train=len(self._splits["train"]),
+            n_val=len(self._splits["val"]), n_test=len(self._splits["test"]), dataset=name,
+            input_keys=list(self.input_keys), model_dir=preprocess.model_dir, modality="image",
+        )

@@ -1,0 +1,195 @@
+"""Small *random* backbones saved like real weights, for tests and default recipes.
+
+No DINOv2 or wav2vec2 weights exist offline here (see ``DATA.md``), so tests and recipes
+build tiny models from configs with random weights and write them, with the model's
+own preprocessing config, to a local directory through ``save_pretrained``: the very
+path that real weights take (``AutoModel.from_pretrained(dir)``,
+``AutoImageProcessor.from_pretrained(dir)``, ``Wav2Vec2FeatureExtractor.from_pretrained(dir)``,
+``timm.create_model("local-dir:" + dir, pretrained=True)``). Nothing is downloaded:
+processors are built from constructor arguments that copy the real models' settings.
+
+Their features carry no pretrained knowledge; every builder says so when it runs.
+
+Command line::
+
+    python -m framework.loes.small_models dinov2 runs/models/dinov2-random
+    python -m framework.loes.small_models wav2vec2 runs/models/wav2vec2-random
+    python -m framework.loes.small_models timm_dinov2 runs/models/timm-dinov2-random
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+BICUBIC = 3  # PIL.Image.BICUBIC, as in DINOv2's own processor
+
+
+def _announce(kind: str, target: Path, details: str) -> None:
+    print(f"ripieno: wrote a small RANDOM {kind} ({details}) to {target}; its weights are untrained, so its"
+          " features carry no pretrained knowledge (use it for tests and plumbing, not for results).")
+
+
+def build_small_dinov2(
+    target_dir: str | Path,
+    image_size: int = 56,
+    patch_size: int = 14,
+    hidden_size: int = 64,
+    num_layers: int = 4,
+    num_heads: int = 4,
+    seed: int = 0,
+) -> Path:
+    """Write a small random ``Dinov2Model`` and its ``BitImageProcessor`` to ``target_dir``.
+
+    The processor copies DINOv2's own recipe scaled to ``image_size``: resize the
+    shortest edge to ``image_size * 256 / 224`` (bicubic), centre-crop ``image_size``,
+    rescale to ``[0, 1]`` and normalise with the ImageNet mean and std.
+
+    Args:
+        target_dir: folder to write (created; existing files are overwritten).
+        image_size: crop size in pixels, a multiple of ``patch_size``.
+        patch_size: ViT patch size (14 like DINOv2).
+        hidden_size: width of every hidden state.
+        num_layers: transformer blocks (the model returns ``num_layers + 1`` hidden states).
+        num_heads: attention heads; must divide ``hidden_size``.
+        seed: seed of the random weights (the global RNG is left untouched).
+
+    Returns:
+        The folder, loadable with ``AutoModel`` / ``AutoImageProcessor.from_pretrained``.
+    """
+    from transformers import BitImageProcessor, Dinov2Config, Dinov2Model
+
+    if image_size % patch_size:
+        raise ValueError(f"image_size={image_size} must be a multiple of patch_size={patch_size}.")
+    target = Path(target_dir).expanduser()
+    config = Dinov2Config(image_size=image_size, patch_size=patch_size, hidden_size=hidden_size,
+                          num_hidden_layers=num_layers, num_attention_heads=num_heads,
+                          intermediate_size=4 * hidden_size)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Dinov2Model(config).eval()
+    processor = BitImageProcessor(
+        do_resize=True, size={"shortest_edge": round(image_size * 256 / 224)}, resample=BICUBIC,
+        do_center_crop=True, crop_size={"height": image_size, "width": image_size},
+        do_rescale=True, rescale_factor=1 / 255, do_normalize=True,
+        image_mean=list(IMAGENET_MEAN), image_std=list(IMAGENET_STD), do_convert_rgb=True,
+    )
+    model.save_pretrained(target)
+    processor.save_pretrained(target)
+    _announce("DINOv2", target, f"{num_layers} layers, hidden {hidden_size}, {image_size}x{image_size} input")
+    return target
+
+
+def build_small_wav2vec2(
+    target_dir: str | Path,
+    hidden_size: int = 32,
+    num_layers: int = 2,
+    num_heads: int = 2,
+    sampling_rate: int = 16_000,
+    seed: int = 0,
+) -> Path:
+    """Write a small random ``Wav2Vec2Model`` and its ``Wav2Vec2FeatureExtractor`` to ``target_dir``.
+
+    The convolutional front end has four layers of strides ``5, 4, 4, 4`` (320 samples
+    per frame, 50 frames a second at 16 kHz, like wav2vec2) and layer norm
+    (``feat_extract_norm="layer"``, the variant trained with attention masks, like
+    ``wav2vec2-large-lv60``); the feature extractor normalises each clip to zero mean and
+    unit variance and returns an attention mask.
+
+    Args:
+        target_dir: folder to write (created; existing files are overwritten).
+        hidden_size: width of every hidden state.
+        num_layers: transformer layers (the model returns ``num_layers + 1`` hidden states).
+        num_heads: attention heads; must divide ``hidden_size``.
+        sampling_rate: the rate the feature extractor expects (audio is resampled to it).
+        seed: seed of the random weights (the global RNG is left untouched).
+
+    Returns:
+        The folder, loadable with ``AutoModel`` / ``Wav2Vec2FeatureExtractor.from_pretrained``.
+    """
+    from transformers import Wav2Vec2Config, Wav2Vec2FeatureExtractor, Wav2Vec2Model
+
+    target = Path(target_dir).expanduser()
+    config = Wav2Vec2Config(
+        vocab_size=32, hidden_size=hidden_size, num_hidden_layers=num_layers, num_attention_heads=num_heads,
+        intermediate_size=4 * hidden_size, conv_dim=(32, 32, 32, 32), conv_stride=(5, 4, 4, 4),
+        conv_kernel=(10, 8, 8, 8), num_conv_pos_embeddings=16, num_conv_pos_embedding_groups=2,
+        feat_extract_norm="layer", do_stable_layer_norm=True,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Wav2Vec2Model(config).eval()
+    extractor = Wav2Vec2FeatureExtractor(feature_size=1, sampling_rate=sampling_rate, padding_value=0.0,
+                                         do_normalize=True, return_attention_mask=True)
+    model.save_pretrained(target)
+    extractor.save_pretrained(target)
+    _announce("Wav2Vec2", target, f"{num_layers} layers, hidden {hidden_size}, {sampling_rate} Hz input")
+    return target
+
+
+def build_small_timm_dinov2(
+    target_dir: str | Path,
+    image_size: int = 56,
+    depth: int = 2,
+    embed_dim: int = 64,
+    num_heads: int = 2,
+    seed: int = 0,
+) -> Path:
+    """Write a small random timm ``vit_small_patch14_dinov2`` (``pretrained=False``) to ``target_dir``.
+
+    Saved with ``timm.models.save_for_hf``: ``config.json`` holds the architecture, the
+    model arguments and the ``pretrained_cfg`` whose data config (input size,
+    interpolation, crop, mean, std) is the model's preprocessing.
+
+    Args:
+        target_dir: folder to write (created; existing files are overwritten).
+        image_size: input size in pixels, a multiple of 14.
+        depth: transformer blocks.
+        embed_dim: width of every hidden state.
+        num_heads: attention heads; must divide ``embed_dim``.
+        seed: seed of the random weights (the global RNG is left untouched).
+
+    Returns:
+        The folder, loadable with ``timm.create_model("local-dir:" + folder, pretrained=True)``.
+    """
+    import timm
+    from timm.models import save_for_hf
+
+    target = Path(target_dir).expanduser()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = timm.create_model("vit_small_patch14_dinov2", pretrained=False, img_size=image_size,
+                                  depth=depth, embed_dim=embed_dim, num_heads=num_heads, num_classes=0).eval()
+    target.mkdir(parents=True, exist_ok=True)
+    save_for_hf(model, str(target), safe_serialization=True)
+    _announce("timm DINOv2 ViT", target, f"{depth} blocks, width {embed_dim}, {image_size}px input")
+    return target
+
+
+BUILDERS: dict[str, Callable[..., Path]] = {
+    "dinov2": build_small_dinov2,
+    "wav2vec2": build_small_wav2vec2,
+    "timm_dinov2": build_small_timm_dinov2,
+}
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Command line: ``python -m framework.loes.small_models {dinov2,wav2vec2,timm_dinov2} DIR``."""
+    parser = argparse.ArgumentParser(description="Write a small random backbone to a local folder.")
+    parser.add_argument("kind", choices=sorted(BUILDERS))
+    parser.add_argument("target_dir")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    BUILDERS[args.kind](args.target_dir, seed=args.seed)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,291 @@
+"""BinaryPerceptronSA: simulated annealing of binary perceptron copies as a LightningModule.
+
+Each training step runs ``sweeps_per_step`` Metropolis sweeps of a
+``RoutedPerceptronAnnealer`` on the step's batch (no gradients:
+``automatic_optimization = False``; a no-op optimiser is stepped once per training step so
+that ``global_step`` counts steps). ``method`` picks the variant:
+
+* ``plain``: identity routing, no coupling (``m = 1`` is textbook SA; ``m > 1`` gives
+  independent runs collapsed by majority vote);
+* ``replicated``: identity routing, replica coupling ``gamma0 (1 + gamma_growth)^t``
+  (Baldassi et al. 2016);
+* ``mcover``: routing through permutations drawn from ``kernel`` (default a Gaussian
+  ring), ``bank.at(t // resample_every)`` at sweep ``t``; no coupling unless ``gamma0`` is set.
+
+The copies ``w (M, N)`` (int8), the sweep counter and the permutation bank are buffers,
+and the copies' generator states go into checkpoints, so a resumed run continues the same
+chain. ``RoutingResampler`` may redraw the bank (``draw_permutation_bank``). The energy is
+not differentiable, so callbacks' loss terms (``register_loss_term``) do not apply here.
+The annealer runs on the CPU in one process; under DDP every rank would anneal its own
+shard of the training set, so train on one device.
+
+Logged: ``train/energy`` (the annealed energy ``sum_a E_a - gamma sum_{a<b} w_a . w_b``),
+``train/error_routed`` (mean training error of the routed copies), ``train/beta``,
+``train/gamma``, ``train/acceptance``; on validation and test, from the teacher in the data
+spec, ``{val,test}/gen_error_collapsed`` (the collapsed student ``sign(sum_a w_a)``) and
+``/gen_error_copies`` (mean of the copies' own errors), and, on the split's patterns,
+``/error_collapsed`` and ``/accuracy`` (the collapsed student's).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+import lightning as L
+import torch
+import torchmetrics
+from torch import Tensor
+
+from framework.mcover.kernels import KernelKind, make_kernel
+from framework.mcover.perceptron import (
+    AnnealingSchedule,
+    RoutedPerceptronAnnealer,
+    TeacherStudentSpec,
+    collapse,
+    copy_generators,
+    generalization_error,
+    initial_copies,
+)
+from framework.mcover.permutations import MAX_EXACT_M, PermutationBank, SamplerKind
+
+Method = Literal["plain", "replicated", "mcover"]
+METHODS: tuple[str, ...] = ("plain", "replicated", "mcover")
+
+
+class BinaryPerceptronSA(L.LightningModule):
+    """Plain, replicated or M-cover simulated annealing of a binary perceptron.
+
+    Args:
+        data_spec: the data's ``TeacherStudentSpec`` (or dict); linked from ``data.spec`` by the CLI.
+        method: ``plain``, ``replicated`` or ``mcover`` (module docstring).
+        m: copies ``M``.
+        kernel: mixing kernel (``mcover``; default ``gaussian_ring``); ``plain`` and
+            ``replicated`` route by the identity (``None`` or ``diagonal``).
+        sigma: ring width (``gaussian_ring``).
+        mu: ring shift (``gaussian_ring``).
+        kernel_matrix: the ``M x M`` matrix for ``kernel="matrix"``.
+        n_blocks: contiguous blocks of the ``N`` inputs, one routing slot each.
+        bank_size: permutations ``S`` per slot.
+        sampler: ``auto`` (exact for ``M <= 8``, else MCMC), ``exact``, ``mcmc``, ``gumbel``.
+        routing_seed: seed of the first bank.
+        resample_every: sweeps per permutation of the bank.
+        sweeps_per_step: sweeps per training step.
+        n_sweeps: length of the ``beta`` ramp; ``None``: every sweep of the fit
+            (``trainer.estimated_stepping_batches * sweeps_per_step``).
+        beta0: inverse temperature at the first sweep.
+        beta1: inverse temperature at the end of the ramp.
+        gamma0: initial replica coupling; ``None``: ``0.05`` for ``replicated``, else ``0``.
+        gamma_growth: ``gamma_t = gamma0 (1 + gamma_growth)^t``.
+        seed: seed of the copies' initial weights and of their proposal generators.
+    """
+
+    def __init__(
+        self,
+        data_spec: TeacherStudentSpec | dict[str, Any],
+        method: Method = "mcover",
+        m: int = 5,
+        kernel: KernelKind | None = None,
+        sigma: float = 0.5,
+        mu: float = 0.0,
+        kernel_matrix: list[list[float]] | None = None,
+        n_blocks: int = 5,
+        bank_size: int = 64,
+        sampler: Literal["auto"] | SamplerKind = "auto",
+        routing_seed: int = 0,
+        resample_every: int = 20,
+        sweeps_per_step: int = 10,
+        n_sweeps: int | None = None,
+        beta0: float = 0.5,
+        beta1: float = 5.0,
+        gamma0: float | None = None,
+        gamma_growth: float = 0.004,
+        seed: int = 0,
+    ) -> None:
+        super().__init__()
+        spec = TeacherStudentSpec.coerce(data_spec)
+        data_spec = spec.to_dict()
+        if method not in METHODS:
+            raise ValueError(f"method must be one of {METHODS}, got {method!r}.")
+        if m < 1 or (method != "plain" and m < 2):
+            raise ValueError(f"method={method!r} needs m >= {1 if method == 'plain' else 2} copies, got {m}.")
+        if method != "mcover" and kernel not in (None, "diagonal"):
+            raise ValueError(f"method={method!r} routes by the identity; kernel={kernel!r} needs"
+                             " method='mcover'.")
+        if method == "plain" and gamma0:
+            raise ValueError("method='plain' has no replica coupling; use method='replicated' for"
+                             " gamma0 > 0.")
+        if sweeps_per_step < 1 or bank_size < 1:
+            raise ValueError(f"sweeps_per_step and bank_size must be >= 1, got {sweeps_per_step} and"
+                             f" {bank_size}.")
+        kernel = kernel or ("gaussian_ring" if method == "mcover" else "diagonal")
+        gamma0 = gamma0 if gamma0 is not None else (0.05 if method == "replicated" else 0.0)
+        self.save_hyperparameters()
+        self.automatic_optimization = False
+        self.spec = spec
+        self.n_copies = m
+        self.kernel = make_kernel(kernel, m, sigma=sigma, mu=mu, matrix=kernel_matrix)
+        auto: SamplerKind = "exact" if m <= MAX_EXACT_M else "mcmc"
+        self.sampler: SamplerKind = auto if sampler == "auto" else sampler
+        # validated now (an n_sweeps placeholder until the fit's length is known)
+        self._schedule_args = {"beta0": beta0, "beta1": beta1, "gamma0": gamma0, "gamma_growth": gamma_growth,
+                               "resample_every": resample_every}
+        AnnealingSchedule(n_sweeps=n_sweeps or 1, **self._schedule_args)
+        if not 1 <= n_blocks <= spec.n_inputs:
+            raise ValueError(f"n_blocks must be between 1 and n_inputs={spec.n_inputs}, got {n_blocks}.")
+        self._generators = copy_generators(torch.Generator().manual_seed(seed), m)
+        bank = PermutationBank.draw(self.kernel, n_blocks, bank_size,
+                                    torch.Generator().manual_seed(routing_seed), self.sampler)
+        self.register_buffer("w", initial_copies(spec.n_inputs, self._generators).to(torch.int8))
+        self.register_buffer("bank_perms", bank.perms)
+        self.register_buffer("sweep", torch.zeros((), dtype=torch.long))
+        self.register_buffer("teacher", spec.teacher_tensor().to(torch.int8), persistent=False)
+        self.__dict__["_annealer"] = None  # built on the first training batch; not a submodule
+        self._n_sweeps = n_sweeps
+        self.metrics = torch.nn.ModuleDict({
+            stage: torch.nn.ModuleDict({"error_collapsed": torchmetrics.MeanMetric()})
+            for stage in ("val_", "test_")
+        })
+
+    # ------------------------------------------------------------------- routing
+    @property
+    def permutation_bank(self) -> PermutationBank:
+        """The bank in force (``(n_blocks, S, M)`` permutations)."""
+        return PermutationBank(self.bank_perms.cpu())
+
+    def draw_permutation_bank(self, generator: torch.Generator) -> None:
+        """Draw a new bank from this module's kernel with ``generator`` and install it."""
+        n_slots, size = self.bank_perms.shape[:2]
+        bank = PermutationBank.draw(self.kernel, n_slots, size, generator, self.sampler)
+        self.bank_perms.copy_(bank.perms.to(self.bank_perms.device))
+        if self._annealer is not None:
+            self._annealer.set_permutation_bank(bank)
+
+    # ------------------------------------------------------------------ students
+    def copies(self) -> Tensor:
+        """The copies ``w (M, N)`` as float64 ``+-1`` on the CPU."""
+        return self.w.detach().cpu().to(torch.float64)
+
+    def collapse(self) -> Tensor:
+        """The collapsed student ``sign(sum_a w_a)`` (ties: copy 0), float64 ``(N,)``."""
+        return collapse(self.copies())
+
+    def schedule(self) -> AnnealingSchedule:
+        """The annealing schedule (its length fixed by ``n_sweeps`` or by the fit)."""
+        if self._n_sweeps is None:
+            trainer = self._trainer
+            if trainer is None:
+                raise RuntimeError("n_sweeps=None takes the schedule length from the Trainer; attach one"
+                                   " (trainer.fit) or pass n_sweeps.")
+            steps = trainer.estimated_stepping_batches
+            if not math.isfinite(steps):
+                raise RuntimeError("The fit has no fixed length (max_epochs=-1?); pass n_sweeps for the"
+                                   " schedule.")
+            self._n_sweeps = int(steps) * self.hparams.sweeps_per_step
+        return AnnealingSchedule(n_sweeps=max(self._n_sweeps, 1), **self._schedule_args)
+
+    def _annealer_for(self, x: Tensor, y: Tensor) -> RoutedPerceptronAnnealer:
+        if self._annealer is None:
+            annealer = RoutedPerceptronAnnealer(x, y, self.n_copies, self.hparams.n_blocks, self.schedule(),
+                                                generator=self._generators, bank=self.permutation_bank,
+                                                w0=self.copies())
+            annealer.load_state_dict({"w": self.copies(), "sweep": int(self.sweep), "accepted": 0,
+                                      "generators": [g.get_state() for g in self._generators]})
+            self.__dict__["_annealer"] = annealer
+        else:
+            self._annealer.set_data(x, y)
+        return self._annealer
+
+    # --------------------------------------------------------------------- steps
+    def forward(self, x: Tensor) -> Tensor:
+        """Fields of every copy (no routing), ``(B, M)``: ``w_a . x / sqrt(N)``."""
+        w = self.w.to(device=x.device, dtype=torch.float64)
+        return (x.to(torch.float64) @ w.T) / math.sqrt(w.shape[1])
+
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+        """``sweeps_per_step`` Metropolis sweeps on the batch."""
+        x, y = batch["x"].detach().cpu(), batch["y"].detach().cpu()
+        annealer = self._annealer_for(x, y)
+        accepted = annealer.accepted
+        beta, gamma = annealer.schedule.beta(annealer.sweep), annealer.schedule.gamma(annealer.sweep)
+        annealer.anneal(self.hparams.sweeps_per_step)
+        proposals = self.hparams.sweeps_per_step * self.n_copies * annealer.n
+        self.w.copy_(annealer.weights().to(device=self.w.device, dtype=torch.int8))
+        self.sweep.fill_(annealer.sweep)
+        self.optimizers().step()  # counts the step (global_step); changes nothing
+        n = len(y)
+        self.log("train/energy", annealer.energy(), prog_bar=True, batch_size=n)
+        self.log("train/error_routed", float(annealer.energies().double().mean()) / max(n, 1), batch_size=n)
+        self.log("train/beta", beta, batch_size=n)
+        self.log("train/gamma", gamma, batch_size=n)
+        self.log("train/acceptance", (annealer.accepted - accepted) / proposals, batch_size=n)
+
+    def on_validation_epoch_start(self) -> None:
+        """Fresh metric states."""
+        self.metrics["val_"]["error_collapsed"].reset()
+
+    def on_test_epoch_start(self) -> None:
+        """Fresh metric states."""
+        self.metrics["test_"]["error_collapsed"].reset()
+
+    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> dict[str, Tensor]:
+        """Collapsed student's errors on the batch; the copies' fields as member outputs."""
+        return self._eval_step(batch, "val")
+
+    def test_step(self, batch: dict[str, Tensor], batch_idx: int) -> dict[str, Tensor]:
+        """As validation, on the test split."""
+        return self._eval_step(batch, "test")
+
+    def predict_step(self, batch: dict[str, Tensor], batch_idx: int) -> dict[str, Tensor]:
+        """``prediction`` (the collapsed student's label in ``{-1, +1}``) and the copies' fields."""
+        x = batch["x"].to(torch.float64)
+        return {"prediction": self._collapsed_labels(x), "member_outputs": self(x)}
+
+    def _collapsed_labels(self, x: Tensor) -> Tensor:
+        student = self.collapse().to(x.device)
+        return torch.where(x.to(torch.float64) @ student > 0, 1.0, -1.0).to(torch.float64)
+
+    def _eval_step(self, batch: dict[str, Tensor], stage: str) -> dict[str, Tensor]:
+        x, y = batch["x"].to(torch.float64), batch["y"].to(torch.float64)
+        wrong = (self._collapsed_labels(x) != y).to(torch.float64)
+        self.metrics[f"{stage}_"]["error_collapsed"].update(wrong)
+        return {"member_outputs": self(x), "target": y}
+
+    def on_validation_epoch_end(self) -> None:
+        """Log the generalisation errors (from the teacher) and the split's collapsed error."""
+        self._log_eval("val")
+
+    def on_test_epoch_end(self) -> None:
+        """Log the generalisation errors (from the teacher) and the split's collapsed error."""
+        self._log_eval("test")
+
+    def _log_eval(self, stage: str) -> None:
+        teacher = self.teacher.cpu().to(torch.float64)
+        error = self.metrics[f"{stage}_"]["error_collapsed"].compute()
+        self.log(f"{stage}/gen_error_collapsed", float(generalization_error(self.collapse(), teacher)),
+                 prog_bar=True)
+        self.log(f"{stage}/gen_error_copies", float(generalization_error(self.copies(), teacher).mean()))
+        self.log(f"{stage}/error_collapsed", error.float())
+        self.log(f"{stage}/accuracy", 1.0 - error.float())
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        """A no-op optimiser, stepped once per training step.
+
+        The copies change by Metropolis moves only, but Lightning counts ``global_step`` in
+        optimiser steps, and checkpointing, logging and ``RoutingResampler`` rely on it.
+        """
+        return torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.0)
+
+    # -------------------------------------------------------------- checkpoints
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Store the copies' generator states (the copies, sweep and bank are buffers)."""
+        checkpoint["perceptron_generators"] = [g.get_state() for g in self._generators]
+        checkpoint["perceptron_n_sweeps"] = self._n_sweeps
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Restore the generator states; the annealer is rebuilt from the buffers on the next batch."""
+        for g, state in zip(self._generators, checkpoint.get("perceptron_generators", []), strict=False):
+            g.set_state(state)
+        if checkpoint.get("perceptron_n_sweeps") is not None:
+            self._n_sweeps = int(checkpoint["perceptron_n_sweeps"])
+        self.__dict__["_annealer"] = None
