@@ -10,8 +10,9 @@ with ``z`` the batch's fused embedding (``step_output[feature_key]``, e.g.
 defines both terms). The terms are computed in float32 with autocast off, so they are the
 same under bf16/fp16 mixed precision. Batches with a single class skip the volume term.
 
-Logged each epoch (``train`` and ``val``), over the whole epoch's embeddings:
-``georeg/<stage>/isotropy`` and ``georeg/<stage>/centroid_log_volume``.
+Logged each epoch (``train``, ``val`` and ``test``), over the epoch's embeddings (per
+rank, averaged across ranks): ``georeg/<stage>/isotropy`` and
+``georeg/<stage>/centroid_log_volume``. With ``weight=0`` the callback only measures.
 """
 
 from __future__ import annotations
@@ -110,6 +111,15 @@ class GeoReg(Callback):
         for name, value in values.items():
             pl_module.log(f"georeg/{stage}/{name}", value, sync_dist=True)
         self.history.append({"stage": stage, "epoch": trainer.current_epoch, **values})
+
+    @override
+    def on_test_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any,  # noqa: ANN401
+                          batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:  # noqa: ANN401
+        self._collect("test", outputs, batch)
+
+    @override
+    def on_test_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._log_epoch("test", trainer, pl_module)
 
     @override
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -60,6 +60,9 @@ def run_recipe(recipe: str, seed: int, out: Path, overrides: Sequence[str] = ())
     row["best_epoch"] = int(best.split("=")[-1]) if "=" in best else -1
     if checkpoint.best_model_score is not None:  # the recipe's monitored validation metric, best epoch
         row["val_monitor"] = round(float(checkpoint.best_model_score), 6)
+    selected = getattr(getattr(cli.datamodule, "spec", None), "selected_layers", None)
+    if selected is not None:  # layer-feature data: which layers the run used
+        row["layers"] = " ".join(str(i) for i in selected)
     row["epochs"] = cli.trainer.current_epoch
     row["n_params"] = sum(p.numel() for p in cli.model.parameters())
     row["wall_time_s"] = round(time.perf_counter() - start, 1)
