@@ -40,6 +40,7 @@ bench: $(STAMP)  ## Speed/memory tables with ratios measured side by side.
 	$(BIN)/python bench/ensemble_linear.py
 	$(BIN)/python bench/glm_sampler.py
 	$(BIN)/python bench/mcover_step.py
+	$(BIN)/python bench/loes_selection.py
 
 sweep: $(STAMP)  ## (rank, sigma_init) diversity grid and LoMETab-vs-additive diversity curves.
 	$(BIN)/python -m framework.experiments.diversity_sweep --recipe recipes/tabular/lometab_churn.yaml --out docs/results/diversity_sweep

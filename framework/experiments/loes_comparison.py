@@ -67,7 +67,8 @@ def summarise(frame: pd.DataFrame) -> list[dict[str, Any]]:
         row: dict[str, Any] = {"variant": variant, "seeds": len(group)}
         if "layers" in group:
             row["layers"] = group["layers"].iloc[0]
-        for column in ("test/accuracy", "test/nll", "georeg/test/isotropy", "georeg/test/centroid_log_volume"):
+        metrics = ("test/accuracy", "test/nll", "georeg/test/isotropy", "georeg/test/centroid_log_volume")
+        for column in metrics:
             if column in group and group[column].notna().any():
                 row[column] = f"{group[column].mean():.4f} ± {group[column].std():.4f}"
         rows.append(row)
