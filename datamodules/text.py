@@ -126,13 +126,50 @@ def load_rotten_tomatoes() -> RawTexts:
                     class_names=list(ROTTEN_TOMATOES_CLASSES))
 
 
+def _read_saved_dataset(path: Path, label_column: str) -> tuple[pd.DataFrame, list[str] | None]:
+    """A Hugging Face ``datasets`` folder (``save_to_disk``) as a frame, and its label names.
+
+    A ``DatasetDict`` is read as one table (every split, concatenated): ripieno draws its
+    own seeded splits, so the folder's split boundaries are not kept (a message says so).
+    """
+    try:
+        import datasets
+    except ImportError as error:
+        raise TextDataError(f"{str(path)!r} is a folder; reading a saved Hugging Face dataset needs the"
+                            " datasets package: .venv/bin/pip install datasets.") from error
+    try:
+        loaded = datasets.load_from_disk(str(path))
+    except FileNotFoundError as error:
+        raise TextDataError(f"{str(path)!r} is not a folder written by datasets' save_to_disk (or a"
+                            " .csv/.parquet file).") from error
+    if isinstance(loaded, datasets.DatasetDict):
+        from lightning.pytorch.utilities import rank_zero_info
+
+        rank_zero_info(f"TextDataModule: {str(path)!r} holds splits {list(loaded)}; they are read as one"
+                       " table and re-split by split_seed.")
+        parts = list(loaded.values())
+        features = parts[0].features
+        loaded = datasets.concatenate_datasets(parts)
+    else:
+        features = loaded.features
+    names = getattr(features.get(label_column), "names", None)
+    return loaded.to_pandas(), list(names) if names else None
+
+
 def load_table(path: str | Path, text_column: str, label_column: str) -> RawTexts:
-    """Texts and labels from a CSV or Parquet file; class names are the sorted distinct labels."""
+    """Texts and labels from a CSV or Parquet file, or a saved ``datasets`` folder.
+
+    Class names are the sorted distinct labels (a ``datasets`` ``ClassLabel`` keeps its names).
+    """
     path = Path(path).expanduser()
+    label_names: list[str] | None = None
+    if path.is_dir():
+        frame, label_names = _read_saved_dataset(path, label_column)
+        return _raw_texts(frame, path, text_column, label_column, label_names)
     if not path.is_file():
         raise MissingTextDataError(
             f"Text data file {str(path)!r} does not exist; set data.dataset to a .csv or .parquet"
-            f" file or to a shipped data set {list(SHIPPED)}."
+            f" file, a datasets save_to_disk folder, or a shipped data set {list(SHIPPED)}."
         )
     suffixes = "".join(path.suffixes).lower()
     if ".parquet" in suffixes or suffixes.endswith(".pq"):
@@ -141,6 +178,12 @@ def load_table(path: str | Path, text_column: str, label_column: str) -> RawText
         frame = pd.read_csv(path, sep="\t" if ".tsv" in suffixes else ",")
     else:
         raise TextDataError(f"Cannot read {str(path)!r}: use a .csv, .tsv or .parquet file.")
+    return _raw_texts(frame, path, text_column, label_column, label_names)
+
+
+def _raw_texts(frame: pd.DataFrame, path: Path, text_column: str, label_column: str,
+               label_names: list[str] | None) -> RawTexts:
+    """Validated texts and label codes of a table."""
     missing = [c for c in (text_column, label_column) if c not in frame.columns]
     if missing:
         raise TextDataError(
@@ -159,19 +202,26 @@ def load_table(path: str | Path, text_column: str, label_column: str) -> RawText
     if labels.isna().any():
         raise TextDataError(f"{int(labels.isna().sum())} rows of {str(path)!r} have no {label_column!r}"
                             " label; drop or label them.")
+    if label_names is not None:  # a ClassLabel: codes are already 0..C-1 with names
+        codes = labels.to_numpy(np.int64)
+        if codes.min() < 0 or codes.max() >= len(label_names):
+            raise TextDataError(f"{str(path)!r} has label codes outside 0..{len(label_names) - 1}"
+                                f" ({label_names}); fix the {label_column!r} column.")
+        return RawTexts(texts=texts.astype(str).tolist(), labels=codes, class_names=list(label_names))
     classes = sorted(labels.unique().tolist())
     codes = labels.map({c: i for i, c in enumerate(classes)}).to_numpy(np.int64)
     return RawTexts(texts=texts.astype(str).tolist(), labels=codes, class_names=[str(c) for c in classes])
 
 
 def load_texts(dataset: str, text_column: str = "text", label_column: str = "label") -> RawTexts:
-    """A shipped data set by name, or a CSV/Parquet file by path."""
+    """A shipped data set by name, or a CSV/Parquet file or saved ``datasets`` folder by path."""
     if dataset == "rotten_tomatoes":
         return load_rotten_tomatoes()
-    looks_like_path = any(sep in dataset for sep in ("/", os.sep)) or Path(dataset).suffix != ""
+    looks_like_path = (any(sep in dataset for sep in ("/", os.sep)) or Path(dataset).suffix != ""
+                       or Path(dataset).expanduser().is_dir())
     if not looks_like_path:
         raise TextDataError(f"Unknown text data set {dataset!r}; choose one of {list(SHIPPED)} or give"
-                            " the path of a .csv or .parquet file.")
+                            " the path of a .csv or .parquet file or a datasets save_to_disk folder.")
     return load_table(dataset, text_column, label_column)
 
 
@@ -243,7 +293,8 @@ class TextDataModule(SplitDataModule):
     first draws a seeded stratified subset of the whole table.
 
     Args:
-        dataset: ``rotten_tomatoes`` (shipped) or the path of a .csv / .parquet file.
+        dataset: ``rotten_tomatoes`` (shipped), the path of a .csv / .parquet file, or a folder
+            written by ``datasets``' ``save_to_disk`` (a ``DatasetDict`` is read as one table).
         text_column: column holding the texts (files only).
         label_column: column holding the labels (files only).
         tokenizer_dir: local tokenizer directory (``save_pretrained`` output); required

@@ -219,3 +219,20 @@ def test_tiny_gpt2_forward(shipped: TextDataModule) -> None:
         out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["y"])
     assert out.logits.shape == (32, 2)
     assert torch.isfinite(out.loss)
+
+
+def test_saved_datasets_folder_with_class_labels(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    texts = [f"good film number {i}" if i % 2 else f"bad film number {i}" for i in range(40)]
+    features = datasets.Features({"text": datasets.Value("string"),
+                                  "label": datasets.ClassLabel(names=["neg", "pos"])})
+    data = datasets.Dataset.from_dict({"text": texts, "label": [i % 2 for i in range(40)]}, features=features)
+    datasets.DatasetDict({"train": data.select(range(30)), "test": data.select(range(30, 40))}).save_to_disk(
+        tmp_path / "saved")
+    from datamodules.text import load_texts
+
+    raw = load_texts(str(tmp_path / "saved"))
+    assert raw.class_names == ["neg", "pos"] and len(raw.texts) == 40
+    assert raw.labels.tolist() == [i % 2 for i in range(30)] + [i % 2 for i in range(30, 40)]
+    with pytest.raises(TextDataError, match="save_to_disk"):
+        load_texts(str(tmp_path))  # a folder that is not a saved dataset
