@@ -46,9 +46,8 @@ import numpy as np
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
-from torch.utils.data import Dataset
 
-from datamodules.base import SplitDataModule
+from datamodules.base import BatchDataset, SplitDataModule
 from datamodules.vision_backbone import (
     BUILD_HINT,
     FOLDER,
@@ -305,7 +304,7 @@ def scan_audio_folder(root: str | Path) -> tuple[list[tuple[Path, str]], list[st
 
 
 # --------------------------------------------------------------------------- dataset
-class AudioClipDataset(Dataset):
+class AudioClipDataset(BatchDataset):
     """Clips as dict batches ``{"input_values", "attention_mask", "y"}``.
 
     ``input_values`` is ``float (B, T)``, ``attention_mask`` ``long (B, T)`` and ``y``
@@ -328,10 +327,6 @@ class AudioClipDataset(Dataset):
     def waveform(self, index: int) -> np.ndarray:
         """The clip at ``index`` (mono, at ``sampling_rate``), before feature extraction."""
         return self.waveforms[index]
-
-    def __getitem__(self, index: int) -> dict[str, Tensor]:
-        batch = self.__getitems__([index])
-        return {key: value[0] for key, value in batch.items()}
 
     def __getitems__(self, indices: list[int]) -> dict[str, Tensor]:
         features = self.extractor([self.waveforms[i] for i in indices], sampling_rate=self.sampling_rate,

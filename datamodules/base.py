@@ -24,6 +24,22 @@ def collate_batch(batch: dict[str, Tensor]) -> dict[str, Tensor]:
     return batch
 
 
+class BatchDataset(Dataset):
+    """An in-memory split that builds whole batches in ``__getitems__``.
+
+    Subclasses implement ``__len__`` and ``__getitems__``; a single item is the first row
+    of a one-row batch, so both paths share one preprocessing.
+    """
+
+    def __getitem__(self, index: int) -> dict[str, Tensor]:
+        batch = self.__getitems__([index])
+        return {key: value[0] for key, value in batch.items()}
+
+    @abstractmethod
+    def __getitems__(self, indices: list[int]) -> dict[str, Tensor]:
+        """The batch of rows ``indices`` as a dict of tensors."""
+
+
 class EpochSeededRandomSampler(Sampler[int]):
     """Random order that depends only on ``(seed, epoch)``.
 

@@ -37,7 +37,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torch.utils.data import DataLoader
 
-from datamodules.base import SplitDataModule
+from datamodules.base import BatchDataset, SplitDataModule
 from framework.loes import SELECTORS, LayerSelection
 from framework.loes.features import (
     Pooling,
@@ -55,7 +55,7 @@ SELECTIONS: tuple[str, ...] = (*SELECTORS, "all", "fixed")
 SMALL_BACKBONES: tuple[str, ...] = ("gpt2", "dinov2", "wav2vec2")
 
 
-class LayerFeatureDataset:
+class LayerFeatureDataset(BatchDataset):
     """Selected layers ``(N, K, D)`` and labels, served a whole batch at a time."""
 
     def __init__(self, layers: Tensor, labels: Tensor) -> None:
@@ -63,10 +63,6 @@ class LayerFeatureDataset:
 
     def __len__(self) -> int:
         return len(self.labels)
-
-    def __getitem__(self, index: int) -> dict[str, Tensor]:
-        batch = self.__getitems__([index])
-        return {key: value[0] for key, value in batch.items()}
 
     def __getitems__(self, indices: list[int]) -> dict[str, Tensor]:
         idx = torch.as_tensor(indices)

@@ -36,9 +36,8 @@ import numpy as np
 import torch
 from PIL import Image
 from torch import Tensor
-from torch.utils.data import Dataset
 
-from datamodules.base import SplitDataModule
+from datamodules.base import BatchDataset, SplitDataModule
 from datamodules.images import SOURCES as IMAGE_SOURCES
 from datamodules.images import (
     ImageDataError,
@@ -333,7 +332,7 @@ def check_split_args(hparams: Any, error: type[Exception]) -> None:  # noqa: ANN
 
 
 # ---------------------------------------------------------------------------- dataset
-class BackboneImageDataset(Dataset):
+class BackboneImageDataset(BatchDataset):
     """Images as dict batches ``{"pixel_values": float (B, 3, H, W), "y": long (B,)}``.
 
     Each batch is preprocessed by the backbone's processor in ``__getitems__``.
@@ -351,10 +350,6 @@ class BackboneImageDataset(Dataset):
     def image(self, index: int) -> Image.Image:
         """The RGB image at ``index``, before preprocessing."""
         return self.images[index]
-
-    def __getitem__(self, index: int) -> dict[str, Tensor]:
-        batch = self.__getitems__([index])
-        return {key: value[0] for key, value in batch.items()}
 
     def __getitems__(self, indices: list[int]) -> dict[str, Tensor]:
         pixels = self.preprocess([self.images[i] for i in indices])
