@@ -220,6 +220,17 @@ class LaplaceSampler(PosteriorPredictiveCallback):
         rank_zero_info(f"LaplaceSampler: {type(la).__name__} fitted, prior precision"
                        f" {self.fitted_prior_precision.flatten()[:4].tolist()}")
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Picklable state for ``ddp_spawn``.
+
+        laplace-torch's fitted object holds forward hooks that do not pickle, so it stays
+        behind; each process refits it before its first test/predict batch, on the training
+        data in a fixed order, which gives every rank the same approximation.
+        """
+        state = self.__dict__.copy()
+        state["la"] = None
+        return state
+
     def is_stale(self, pl_module: L.LightningModule) -> bool:
         """Whether the module's weights differ from those the approximation was fitted at."""
         if self.la is None:
