@@ -18,6 +18,7 @@ Features are rows: ``x`` is ``(N, D)``, one sample per row.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -118,21 +119,45 @@ def ridge_loss(x: Tensor, y: Tensor, lam: float, kind: RidgeLossKind = "train") 
     Returns:
         A 0-dim tensor.
     """
+    if kind not in ("train", "loo"):
+        raise ValueError(f"Unknown ridge loss {kind!r}; use 'train' or 'loo'.")
+    _check_lam(lam)
     y = _as_matrix(y)
-    residual = y - ridge_fit(x, y, lam).predict(x)
+    xc, yc = _centre(x), y - y.mean(dim=0)
+    n, d = xc.shape
+    if d > n:  # dual form (rare for layer probes): the reference path
+        residual = y - ridge_fit(x, y, lam).predict(x)
+        h = _hat_diagonal(xc, lam) if kind == "loo" else None
+    else:
+        # One Cholesky factor of Xc^T Xc + lam I serves the fit and the leverages (half the
+        # work of fitting and then solving again for the hat diagonal; same values).
+        factor = torch.linalg.cholesky(xc.T @ xc + lam * torch.eye(d, dtype=x.dtype, device=x.device))
+        residual = yc - xc @ torch.cholesky_solve(xc.T @ yc, factor)
+        h = None
+        if kind == "loo":
+            z = torch.linalg.solve_triangular(factor, xc.T, upper=False)
+            h = z.square().sum(dim=0) + 1.0 / n
     if kind == "train":
         return residual.square().mean()
-    if kind == "loo":
-        h = _hat_diagonal(_centre(x), lam)
-        return (residual / (1.0 - h).unsqueeze(-1)).square().mean()
-    raise ValueError(f"Unknown ridge loss {kind!r}; use 'train' or 'loo'.")
+    return (residual / (1.0 - h).unsqueeze(-1)).square().mean()
 
 
 def _span_basis(sc: Tensor, rtol: float | None) -> tuple[Tensor, Tensor, Tensor]:
     """Left/right singular vectors and singular values of ``sc`` above the rank tolerance."""
-    u, s, vh = torch.linalg.svd(sc, full_matrices=False)
+    n, d = sc.shape
     if rtol is None:
         rtol = max(sc.shape) * torch.finfo(sc.dtype).eps
+    if d <= n and d > 0:
+        # Eigendecomposition of the small D x D Gram instead of an SVD of the tall N x D
+        # matrix (several times faster for N >> D). Singular values near sqrt(eps) * s_max
+        # are not resolved this way, so the rank cutoff is at least that.
+        evals, v = torch.linalg.eigh(sc.T @ sc)
+        s = evals.clamp_min(0).sqrt()
+        cutoff = max(rtol, math.sqrt(max(sc.shape) * torch.finfo(sc.dtype).eps)) * s.max()
+        keep = s > cutoff
+        s, v = s[keep], v[:, keep]
+        return sc @ v / s, s, v.T
+    u, s, vh = torch.linalg.svd(sc, full_matrices=False)
     keep = s > rtol * s.max() if s.numel() else s > 0
     return u[:, keep], s[keep], vh[keep]
 
