@@ -113,6 +113,8 @@ class FusionClassifier(LossTermsMixin, RNGStateMixin, L.LightningModule):
         self.head = LayerFusionHead(len(spec.selected_layers), spec.d_model, spec.n_classes, d_proj, dropout,
                                     head)
         self.backbone = load_pretrained_backbone(spec.backbone_dir) if finetune_backbone else None
+        if self.backbone is not None:
+            self.backbone.train()  # from_pretrained returns eval mode; fine-tuning wants its dropout
         self.metrics = nn.ModuleDict({stage: nn.ModuleDict({
             "accuracy": torchmetrics.Accuracy(task="multiclass", num_classes=spec.n_classes),
             "nll": torchmetrics.MeanMetric()}) for stage in ("val_", "test_")})
