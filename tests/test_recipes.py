@@ -111,7 +111,7 @@ def test_validate_and_predict_subcommands(tmp_path, capsys):
     saved = torch.load(tmp_path / "predictions.pt")
     assert len(frame) == 120  # the test split of 600 rows
     assert list(frame.columns) == ["index", "prediction_0", "prediction_1"]
-    assert np.allclose(frame[["prediction_0", "prediction_1"]].sum(1), 1.0, atol=1e-5)
+    assert np.allclose(frame[["prediction_0", "prediction_1"]].sum(axis=1), 1.0, atol=1e-5)
     assert saved["member_predictions"].shape == (120, 16, 2)
     assert torch.allclose(saved["member_predictions"].mean(1), saved["prediction"], atol=1e-6)
 
