@@ -10,6 +10,9 @@ the calibration rows of the training split; the test split is used once, by the 
 best single layer and the ELMo-style learned scalar mix of all layers.
 ``--mode georeg``: the GeoReg recipe with ``weight`` 0 (measurement only) and the given
 weights; reports test accuracy and the test isotropy of the fused embedding.
+``--mode loes_weights``: LOES at each K with its geometry weights ``(alpha, gamma, eta)``
+scaled by each of ``--scales`` (``scale=0`` is greedy ridge); the summary marks, per K,
+the scale with the best mean validation NLL (never the test split).
 
 Outputs: ``runs.csv`` (one row per variant and seed) and ``summary.md`` (mean ± std).
 
@@ -60,11 +63,36 @@ def georeg_variants(weights: Sequence[float]) -> dict[str, list[str]]:
     return out
 
 
+def loes_weight_variants(ks: Sequence[int], scales: Sequence[float]) -> dict[str, list[str]]:
+    """``label -> overrides``: LOES with ``(alpha, gamma, eta) = scale * (1, 0.5, 0.1)``."""
+    out = {}
+    for k in ks:
+        for scale in scales:
+            out[f"LOES K={k} scale={scale:g}"] = [
+                "--data.init_args.selection=loes", f"--data.init_args.k={k}",
+                f"--data.init_args.alpha={scale}", f"--data.init_args.gamma={0.5 * scale}",
+                f"--data.init_args.eta={0.1 * scale}"]
+    return out
+
+
 def summarise(frame: pd.DataFrame) -> list[dict[str, Any]]:
-    """Mean ± std of the test metrics per variant."""
+    """Mean ± std of the test metrics per variant (and the mean validation monitor).
+
+    For ``LOES K=k scale=s`` variants, the scale with the lowest mean validation NLL at
+    each ``K`` is marked.
+    """
+    best: set[str] = set()
+    if "val_monitor" in frame and frame["variant"].str.contains(" scale=").any():
+        weights = frame[frame["variant"].str.contains(" scale=")]
+        means = weights.groupby("variant")["val_monitor"].mean()
+        for _, group in means.groupby(lambda v: v.split(" scale=")[0]):
+            best.add(str(group.idxmin()))  # the recipes monitor val/nll (lower is better)
     rows = []
     for variant, group in frame.groupby("variant", sort=False):
-        row: dict[str, Any] = {"variant": variant, "seeds": len(group)}
+        label = variant + (" (best on validation)" if variant in best else "")
+        row: dict[str, Any] = {"variant": label, "seeds": len(group)}
+        if "val_monitor" in group:
+            row["val_nll"] = f"{group['val_monitor'].mean():.4f}"
         if "layers" in group:
             row["layers"] = group["layers"].iloc[0]
         metrics = ("test/accuracy", "test/nll", "georeg/test/isotropy", "georeg/test/centroid_log_volume")
@@ -78,19 +106,25 @@ def summarise(frame: pd.DataFrame) -> list[dict[str, Any]]:
 def main(argv: list[str] | None = None) -> None:
     """Run the variants for every seed; write ``runs.csv`` and ``summary.md``."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--mode", choices=["selection", "georeg"], default="selection")
+    parser.add_argument("--mode", choices=["selection", "georeg", "loes_weights"], default="selection")
     parser.add_argument("--recipe", default=None, help="default: text_minilm_loes.yaml (selection) or"
                         " text_minilm_georeg.yaml (georeg)")
     parser.add_argument("--ks", type=int, nargs="+", default=[1, 2, 3, 4])
     parser.add_argument("--weights", type=float, nargs="+", default=[0.1, 1.0])
+    parser.add_argument("--scales", type=float, nargs="+", default=[0.0, 0.01, 0.03, 0.1, 1.0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--out", default="docs/results/loes_minilm_rotten_tomatoes")
     parser.add_argument("--override", action="append", default=[],
                         help="extra --key=value override for every run (repeatable)")
     args = parser.parse_args(argv)
-    recipe = args.recipe or ("recipes/loes/text_minilm_loes.yaml" if args.mode == "selection"
-                             else "recipes/loes/text_minilm_georeg.yaml")
-    variants = selection_variants(args.ks) if args.mode == "selection" else georeg_variants(args.weights)
+    recipe = args.recipe or ("recipes/loes/text_minilm_georeg.yaml" if args.mode == "georeg"
+                             else "recipes/loes/text_minilm_loes.yaml")
+    if args.mode == "selection":
+        variants = selection_variants(args.ks)
+    elif args.mode == "georeg":
+        variants = georeg_variants(args.weights)
+    else:
+        variants = loes_weight_variants(args.ks, args.scales)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     extra = [*normalize_overrides(args.override), "--data.init_args.progress=false",
