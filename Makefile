@@ -43,8 +43,8 @@ bench: $(STAMP)  ## Speed/memory tables with ratios measured side by side.
 	$(BIN)/python bench/loes_selection.py
 
 sweep: $(STAMP)  ## (rank, sigma_init) diversity grid and LoMETab-vs-additive diversity curves.
-	$(BIN)/python -m framework.experiments.diversity_sweep --recipe recipes/tabular/lometab_churn.yaml --out docs/results/diversity_sweep
-	$(BIN)/python -m framework.experiments.diversity_over_training --recipe recipes/tabular/lometab_churn.yaml --out docs/results/diversity_over_training
+	$(BIN)/python -m experiments.diversity_sweep --recipe recipes/tabular/lometab_churn.yaml --out docs/results/diversity_sweep
+	$(BIN)/python -m experiments.diversity_over_training --recipe recipes/tabular/lometab_churn.yaml --out docs/results/diversity_over_training
 
 clean:
 	rm -rf runs lightning_logs .pytest_cache .ruff_cache

@@ -77,7 +77,7 @@ import torch  # noqa: E402
 from torch import Tensor, nn  # noqa: E402
 from torch.utils.benchmark import Timer
 
-from framework.nn.ensemble_linear import Adapter, Compute, EnsembleLinear
+from ripieno.framework.nn.ensemble_linear import Adapter, Compute, EnsembleLinear
 
 MIB = 2**20
 PAGE_BYTES = resource.getpagesize()

@@ -93,9 +93,9 @@ import torch  # noqa: E402
 from torch import Tensor, nn  # noqa: E402
 
 from bench.ensemble_linear import _cpu_peak_delta, use_heap_malloc  # noqa: E402
-from framework.methods.image_classifier import make_backbone  # noqa: E402
-from framework.uq.glm_sampler import GLMPosteriorSampler  # noqa: E402
-from framework.uq.linearization import FullNetworkLinearization, LastLayerLinearization  # noqa: E402
+from ripieno.framework.methods.image_classifier import make_backbone  # noqa: E402
+from ripieno.framework.uq.glm_sampler import GLMPosteriorSampler  # noqa: E402
+from ripieno.framework.uq.linearization import FullNetworkLinearization, LastLayerLinearization  # noqa: E402
 
 MIB = 2**20
 IMAGE_SHAPE = (1, 28, 28)

@@ -34,8 +34,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 from transformers import AutoConfig, AutoModel  # noqa: E402
 
-from datamodules import TextDataModule  # noqa: E402
-from framework.loes import extract_layer_embeddings, minilm_dir, select_layers  # noqa: E402
+from ripieno.datamodules import TextDataModule  # noqa: E402
+from ripieno.framework.loes import extract_layer_embeddings, minilm_dir, select_layers  # noqa: E402
 
 
 def main() -> None:

@@ -39,8 +39,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.benchmark import Timer
 
-from framework.mcover import PermutationBank, make_kernel
-from framework.mcover.routed_mlp import RoutedMLP, copy_cross_entropy
+from ripieno.framework.mcover import PermutationBank, make_kernel
+from ripieno.framework.mcover.routed_mlp import RoutedMLP, copy_cross_entropy
 
 
 def routed_step(net: RoutedMLP, bank: PermutationBank, mode: str, x: torch.Tensor,

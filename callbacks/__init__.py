@@ -1,15 +1,15 @@
 """Lightning callbacks that work with ripieno's modules and with users' own."""
 
-from callbacks.deep_ensemble import DeepEnsembleSampler
-from callbacks.diversity_monitor import DiversityMonitor
-from callbacks.georeg import GeoReg
-from callbacks.glm_sampler import LastLayerSampler
-from callbacks.laplace_baseline import LaplaceSampler
-from callbacks.mc_dropout import MCDropoutSampler
-from callbacks.prediction_writer import MemberPredictionWriter
-from callbacks.replica_coupling import ElasticAveraging, ReplicaCoupling
-from callbacks.routing_resampler import RoutingResampler
-from callbacks.swag import SWAGSampler
+from ripieno.callbacks.deep_ensemble import DeepEnsembleSampler
+from ripieno.callbacks.diversity_monitor import DiversityMonitor
+from ripieno.callbacks.georeg import GeoReg
+from ripieno.callbacks.glm_sampler import LastLayerSampler
+from ripieno.callbacks.laplace_baseline import LaplaceSampler
+from ripieno.callbacks.mc_dropout import MCDropoutSampler
+from ripieno.callbacks.prediction_writer import MemberPredictionWriter
+from ripieno.callbacks.replica_coupling import ElasticAveraging, ReplicaCoupling
+from ripieno.callbacks.routing_resampler import RoutingResampler
+from ripieno.callbacks.swag import SWAGSampler
 
 __all__ = [
     "DeepEnsembleSampler",

@@ -15,7 +15,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from torchmetrics import MetricCollection
 from typing_extensions import override
 
-from framework.metrics.diversity import Ambiguity, MemberDisagreement, PairwiseKLDivergence
+from ripieno.framework.metrics.diversity import Ambiguity, MemberDisagreement, PairwiseKLDivergence
 
 OutputKind = Literal["auto", "logits", "binary_logits", "probs", "regression"]
 

@@ -6,7 +6,7 @@ Added to the training loss through the module's loss-term extension point
     weight * (spectral_weight * (1 - Iso(z)) + volume_weight * (-log V(z, y)))
 
 with ``z`` the batch's fused embedding (``step_output[feature_key]``, e.g.
-``FusionClassifier``'s ``features``) and ``y`` its labels (``framework.loes.geometry_loss``
+``FusionClassifier``'s ``features``) and ``y`` its labels (``ripieno.framework.loes.geometry_loss``
 defines both terms). The terms are computed in float32 with autocast off, so they are the
 same under bf16/fp16 mixed precision. Batches with a single class skip the volume term.
 
@@ -25,8 +25,8 @@ from lightning.pytorch.callbacks import Callback
 from torch import Tensor
 from typing_extensions import override
 
-from framework.loes.geometry_loss import centroid_log_volume, spectral_imbalance
-from framework.loes.geometry_loss import isotropy as batch_isotropy
+from ripieno.framework.loes.geometry_loss import centroid_log_volume, spectral_imbalance
+from ripieno.framework.loes.geometry_loss import isotropy as batch_isotropy
 
 
 class GeoReg(Callback):
@@ -60,7 +60,7 @@ class GeoReg(Callback):
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         if not hasattr(pl_module, "register_loss_term"):
             raise TypeError(f"{type(pl_module).__name__} has no loss-term extension point; mix in"
-                            " framework.methods.loss_terms.LossTermsMixin and add"
+                            " ripieno.framework.methods.loss_terms.LossTermsMixin and add"
                             " registered_loss_terms(...) to the training loss.")
         pl_module.remove_loss_term("georeg")
         pl_module.register_loss_term("georeg", self._term)

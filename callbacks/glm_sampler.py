@@ -2,7 +2,7 @@
 
 After ``fit`` (or before ``test``/``predict`` when no fit ran in this process) the
 callback linearises the module around its trained weights and draws S exact posterior
-samples by sample-then-optimise (``framework.uq.GLMPosteriorSampler``), with gradients
+samples by sample-then-optimise (``ripieno.framework.uq.GLMPosteriorSampler``), with gradients
 enabled: Lightning's evaluation loops run under inference mode, which forbids the
 Jacobian products. Evaluation and prediction follow ``PosteriorPredictiveCallback``.
 """
@@ -17,10 +17,10 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
-from callbacks.posterior_predictive import PosteriorPredictiveCallback, plain_copy
-from framework.metrics.uq import LogPointwisePredictiveDensity
-from framework.uq.glm_sampler import GLMPosteriorSampler, last_layer_log_evidence
-from framework.uq.linearization import FullNetworkLinearization, LastLayerLinearization
+from ripieno.callbacks.posterior_predictive import PosteriorPredictiveCallback, plain_copy
+from ripieno.framework.metrics.uq import LogPointwisePredictiveDensity
+from ripieno.framework.uq.glm_sampler import GLMPosteriorSampler, last_layer_log_evidence
+from ripieno.framework.uq.linearization import FullNetworkLinearization, LastLayerLinearization
 
 
 class LastLayerSampler(PosteriorPredictiveCallback):

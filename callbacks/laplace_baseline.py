@@ -32,8 +32,8 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 from typing_extensions import override
 
-from callbacks.posterior_predictive import PosteriorPredictiveCallback, plain_copy
-from framework.uq.linearization import find_last_linear
+from ripieno.callbacks.posterior_predictive import PosteriorPredictiveCallback, plain_copy
+from ripieno.framework.uq.linearization import find_last_linear
 
 INSTALL_HINT = "pip install 'laplace-torch==0.3'"
 

@@ -15,8 +15,8 @@ import lightning as L
 import torch
 from torch import nn
 
-from callbacks.posterior_predictive import PosteriorPredictiveCallback
-from framework.uq.linearization import call_model
+from ripieno.callbacks.posterior_predictive import PosteriorPredictiveCallback
+from ripieno.framework.uq.linearization import call_model
 
 
 class MCDropoutSampler(PosteriorPredictiveCallback):

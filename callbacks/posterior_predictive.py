@@ -26,15 +26,15 @@ from torchmetrics.classification import MulticlassAccuracy
 from torchmetrics.utilities import dim_zero_cat
 from typing_extensions import override
 
-from framework.metrics.reliability import reliability_diagram_from_confidences
-from framework.metrics.uq import (
+from ripieno.framework.metrics.reliability import reliability_diagram_from_confidences
+from ripieno.framework.metrics.uq import (
     ExpectedCalibrationError,
     GaussianNLL,
     LogPointwisePredictiveDensity,
     PredictiveNLL,
     VarROC,
 )
-from framework.uq.linearization import call_model
+from ripieno.framework.uq.linearization import call_model
 
 
 def plain_copy(batch: Any) -> Any:  # noqa: ANN401

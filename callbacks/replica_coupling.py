@@ -1,7 +1,7 @@
 """Replica baselines for M-cover routing: replicated SGD and elastic averaging SGD.
 
 Both act on a module whose ``net.copy_parameters()`` (or ``copy_parameters()``) lists
-parameters with the copies on axis 0 (``framework.mcover.MCoverClassifier``).
+parameters with the copies on axis 0 (``ripieno.framework.mcover.MCoverClassifier``).
 
 * ``ReplicaCoupling`` (replicated SGD, Baldassi et al. 2020, PNAS "Shaping the learning
   landscape in neural networks around wide flat minima"): adds
@@ -33,7 +33,8 @@ def copy_parameters(pl_module: L.LightningModule) -> list[Tensor]:
         if callable(fn):
             return list(fn())
     raise TypeError(f"{type(pl_module).__name__} has no copy_parameters() (parameters with copies on axis 0);"
-                    " replica couplings need an M-copy module such as framework.mcover.MCoverClassifier.")
+                    " replica couplings need an M-copy module such as"
+                    " ripieno.framework.mcover.MCoverClassifier.")
 
 
 class ReplicaCoupling(Callback):

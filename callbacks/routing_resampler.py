@@ -26,7 +26,8 @@ def find_routed_module(pl_module: L.LightningModule) -> Any:  # noqa: ANN401
         if callable(getattr(module, "draw_permutation_bank", None)) and hasattr(module, "permutation_bank"):
             return module
     raise TypeError(f"RoutingResampler needs a module with draw_permutation_bank(generator) and"
-                    f" permutation_bank (e.g. framework.mcover.MCoverClassifier); {type(pl_module).__name__}"
+                    f" permutation_bank (e.g. ripieno.framework.mcover.MCoverClassifier);"
+                    f" {type(pl_module).__name__}"
                     " has neither.")
 
 

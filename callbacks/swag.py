@@ -38,7 +38,7 @@ from torch.func import functional_call
 from torch.optim.swa_utils import AveragedModel
 from typing_extensions import override
 
-from callbacks.posterior_predictive import PosteriorPredictiveCallback
+from ripieno.callbacks.posterior_predictive import PosteriorPredictiveCallback
 
 
 class _FlatVector(nn.Module):

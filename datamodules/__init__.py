@@ -1,15 +1,15 @@
 """LightningDataModules for ripieno's methods."""
 
-from datamodules.audio import AudioDataError, AudioDataModule, MissingAudioDataError
-from datamodules.images import ImageDataError, ImageDataModule, MissingImageDataError
-from datamodules.layer_embeddings import LayerEmbeddingDataModule
-from datamodules.tabular import TabularDataError, TabularDataModule
-from datamodules.tabular_sources import SOURCES
-from datamodules.teacher_student import TeacherStudentDataModule
-from datamodules.text import TextDataError, TextDataModule
-from datamodules.vision_backbone import BackboneDataSpec, BackboneImageDataModule
-from framework.image_spec import ImageSpec
-from framework.text_spec import TextSpec
+from ripieno.datamodules.audio import AudioDataError, AudioDataModule, MissingAudioDataError
+from ripieno.datamodules.images import ImageDataError, ImageDataModule, MissingImageDataError
+from ripieno.datamodules.layer_embeddings import LayerEmbeddingDataModule
+from ripieno.datamodules.tabular import TabularDataError, TabularDataModule
+from ripieno.datamodules.tabular_sources import SOURCES
+from ripieno.datamodules.teacher_student import TeacherStudentDataModule
+from ripieno.datamodules.text import TextDataError, TextDataModule
+from ripieno.datamodules.vision_backbone import BackboneDataSpec, BackboneImageDataModule
+from ripieno.framework.image_spec import ImageSpec
+from ripieno.framework.text_spec import TextSpec
 
 __all__ = [
     "AudioDataError",

@@ -47,8 +47,8 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
-from datamodules.base import BatchDataset, SplitDataModule
-from datamodules.vision_backbone import (
+from ripieno.datamodules.base import BatchDataset, SplitDataModule
+from ripieno.datamodules.vision_backbone import (
     BUILD_HINT,
     FOLDER,
     BackboneDataSpec,
@@ -369,7 +369,7 @@ class AudioDataModule(SplitDataModule):
         root: the audio folder ``root/<class>/*.wav`` for ``folder``; a copy of the asterisk
             prompts for ``asterisk_digits``; unused for ``spoken_digits``.
         model_dir: local folder of the backbone with its ``preprocessor_config.json``
-            (``framework.loes.small_models.build_small_wav2vec2`` builds a random one).
+            (``ripieno.framework.loes.small_models.build_small_wav2vec2`` builds a random one).
         test_dataset: optional test source replacing the carved test split: a shipped
             name (e.g. ``asterisk_digits`` with ``dataset: spoken_digits``) or an audio
             folder path; its clips are labelled by class name, those of unknown classes

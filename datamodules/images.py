@@ -38,8 +38,8 @@ from sklearn.model_selection import train_test_split
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
-from datamodules.base import SplitDataModule
-from framework.image_spec import ImageSpec
+from ripieno.datamodules.base import SplitDataModule
+from ripieno.framework.image_spec import ImageSpec
 
 FASHION_MNIST_DEBIAN_ROOT = "/usr/share/datasets/fashion-mnist"
 FASHION_MNIST_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt",

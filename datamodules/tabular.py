@@ -20,10 +20,10 @@ from torch import Tensor
 from torch.utils.data import Dataset
 
 # EpochSeededRandomSampler and collate_batch landed here first: re-exported for existing imports.
-from datamodules.base import EpochSeededRandomSampler, SplitDataModule, collate_batch  # noqa: F401
-from datamodules.tabular_sources import SOURCES
-from framework.nn.embeddings import compute_bins
-from framework.tabular_spec import TabularSpec
+from ripieno.datamodules.base import EpochSeededRandomSampler, SplitDataModule, collate_batch  # noqa: F401
+from ripieno.datamodules.tabular_sources import SOURCES
+from ripieno.framework.nn.embeddings import compute_bins
+from ripieno.framework.tabular_spec import TabularSpec
 
 
 class TabularDataError(ValueError):
@@ -50,7 +50,7 @@ class TabularTensorDataset(Dataset):
 class TabularDataModule(SplitDataModule):
     """Train/val/test splits of one table for tabular ensembles.
 
-    Sources: a shipped data set by name (``datamodules.tabular_sources.SOURCES``:
+    Sources: a shipped data set by name (``ripieno.datamodules.tabular_sources.SOURCES``:
     diamonds, mlc_churn, boston, concrete, caravan, default, breast_cancer, wine, iris,
     digits, diabetes) or a user CSV/Parquet file with ``target`` and ``categorical``.
 

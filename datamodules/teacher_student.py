@@ -1,7 +1,7 @@
 """TeacherStudentDataModule: patterns labelled by a random binary teacher perceptron.
 
 The teacher ``w* in {-1, +1}^N`` and all patterns come from one seeded generator
-(``framework.mcover.perceptron.teacher_student_data``): first the teacher and the
+(``ripieno.framework.mcover.perceptron.teacher_student_data``): first the teacher and the
 ``P = round(alpha N)`` training patterns (labels flipped with probability
 ``label_noise``), then the validation and test patterns, whose labels are the teacher's
 own (clean), so that their error is the student's disagreement with the teacher. The
@@ -18,8 +18,8 @@ import torch
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 
-from datamodules.base import EpochSeededRandomSampler, SplitDataModule
-from framework.mcover.perceptron import INPUTS, Inputs, TeacherStudentSpec, teacher_student_data
+from ripieno.datamodules.base import EpochSeededRandomSampler, SplitDataModule
+from ripieno.framework.mcover.perceptron import INPUTS, Inputs, TeacherStudentSpec, teacher_student_data
 
 
 class PatternDataset(Dataset):

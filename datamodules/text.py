@@ -38,8 +38,8 @@ from sklearn.model_selection import train_test_split
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from datamodules.base import SplitDataModule
-from framework.text_spec import TextSpec
+from ripieno.datamodules.base import SplitDataModule
+from ripieno.framework.text_spec import TextSpec
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

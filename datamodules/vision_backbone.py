@@ -12,9 +12,9 @@ Preprocessing is the model's own, read from ``model_dir`` (nothing is downloaded
 * a timm folder (``timm.models.save_for_hf``: ``config.json`` with ``pretrained_cfg``),
   through ``timm.data.resolve_data_config`` and ``create_transform``.
 
-``framework.loes.small_models`` writes small random folders of both kinds.
+``ripieno.framework.loes.small_models`` writes small random folders of both kinds.
 
-Images come from the shipped sets of ``datamodules.images`` (``fashion_mnist``,
+Images come from the shipped sets of ``ripieno.datamodules.images`` (``fashion_mnist``,
 ``mnist_5k``, ``digits``, or any of its ``SOURCES`` with a local root), grey images
 turned to RGB, or from an image folder ``root/<class>/**/*.png|jpg|...`` read with PIL.
 Images stay compact (``uint8`` arrays or file paths) and are preprocessed a batch at a
@@ -37,9 +37,9 @@ import torch
 from PIL import Image
 from torch import Tensor
 
-from datamodules.base import BatchDataset, SplitDataModule
-from datamodules.images import SOURCES as IMAGE_SOURCES
-from datamodules.images import (
+from ripieno.datamodules.base import BatchDataset, SplitDataModule
+from ripieno.datamodules.images import SOURCES as IMAGE_SOURCES
+from ripieno.datamodules.images import (
     ImageDataError,
     MissingImageDataError,
     _stratified_split,
@@ -52,7 +52,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".webp")
 FOLDER = "folder"
-BUILD_HINT = ("build a small random one with `python -m framework.loes.small_models {kind} <dir>` (tests,"
+BUILD_HINT = ("build a small random one with"
+              " `python -m ripieno.framework.loes.small_models {kind} <dir>` (tests,"
               " plumbing), or save real weights on a machine with internet:"
               " `AutoModel.from_pretrained(name).save_pretrained(dir)` and the same for its {processor}")
 
@@ -370,14 +371,14 @@ class BackboneImageDataModule(SplitDataModule):
     ``split_seed``.
 
     Args:
-        dataset: a source of ``datamodules.images.SOURCES`` (``fashion_mnist``,
+        dataset: a source of ``ripieno.datamodules.images.SOURCES`` (``fashion_mnist``,
             ``mnist_5k``, ``digits``, ...), or ``folder`` (or ``None`` with ``root``) for
             an image folder.
         root: the image folder ``root/<class>/*.png|jpg`` for ``folder``; for a named
             source, its files' folder as in ``ImageDataModule``.
         model_dir: local folder of the backbone with its image preprocessing (Hugging
             Face ``save_pretrained`` with ``preprocessor_config.json``, or timm
-            ``save_for_hf``); ``framework.loes.small_models`` builds random ones.
+            ``save_for_hf``); ``ripieno.framework.loes.small_models`` builds random ones.
         val_size: fraction of the training pool held out for validation, in (0, 1).
         test_size: fraction held out for testing, for sources without a test split.
         split_seed: seed of every split, the subset and the training order.

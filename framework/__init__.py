@@ -1,16 +1,16 @@
 """ripieno's framework: torch layers, LightningModules, metrics and the CLI."""
 
-from framework.image_spec import ImageSpec
-from framework.loes.fusion import FusionClassifier
-from framework.loes.spec import LayerFeatureSpec
-from framework.mcover.module import MCoverClassifier
-from framework.mcover.perceptron_module import BinaryPerceptronSA
-from framework.methods.image_classifier import ImageClassifier
-from framework.methods.tabular_ensemble import TabularEnsembleModule
-from framework.methods.tabular_mlp import TabularMLP
-from framework.methods.text_classifier import TextClassifier
-from framework.tabular_spec import TabularSpec
-from framework.text_spec import TextSpec
+from ripieno.framework.image_spec import ImageSpec
+from ripieno.framework.loes.fusion import FusionClassifier
+from ripieno.framework.loes.spec import LayerFeatureSpec
+from ripieno.framework.mcover.module import MCoverClassifier
+from ripieno.framework.mcover.perceptron_module import BinaryPerceptronSA
+from ripieno.framework.methods.image_classifier import ImageClassifier
+from ripieno.framework.methods.tabular_ensemble import TabularEnsembleModule
+from ripieno.framework.methods.tabular_mlp import TabularMLP
+from ripieno.framework.methods.text_classifier import TextClassifier
+from ripieno.framework.tabular_spec import TabularSpec
+from ripieno.framework.text_spec import TextSpec
 
 __all__ = [
     "BinaryPerceptronSA",

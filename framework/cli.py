@@ -1,11 +1,16 @@
 """The ``ripieno`` command: LightningCLI with ripieno's links and conveniences.
 
-``ripieno fit -c recipes/tabular/lometab_diamonds.yaml`` trains a recipe; ``validate``,
-``test`` and ``predict`` work the same way, and ``--print_config`` prints a config that
-runs unchanged. Extras over plain LightningCLI:
+``ripieno fit -c tabular/lometab_diamonds`` trains a shipped recipe (a name as listed by
+``ripieno recipes``, with or without ``.yaml``, from any folder; a path to a user's own YAML
+works as with plain LightningCLI); ``validate``, ``test`` and ``predict`` work the same way,
+and ``--print_config`` prints a config that runs unchanged. ``python -m ripieno`` is the same
+command. Extras over plain LightningCLI:
 
 * ``data.spec`` (what the datamodule learned from its training split) is linked into
   ``model.data_spec`` at instantiation, so data errors surface before training;
+* a config without a logger logs CSV metrics to ``<trainer.default_root_dir>/logs``, so
+  ``--trainer.default_root_dir`` moves every output of a run (relative folders are under
+  the current folder);
 * with ``tensorboard`` installed, TensorBoard events are written beside the CSV logs
   (``--tensorboard false`` turns this off);
 * ``--test_after_fit true`` (the recipes' default) tests the best checkpoint after
@@ -14,17 +19,24 @@ runs unchanged. Extras over plain LightningCLI:
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
-os.environ.setdefault("JSONARGPARSE_DEPRECATION_WARNINGS", "off")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+from jsonargparse import Namespace
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
-import importlib.util  # noqa: E402
-from pathlib import Path  # noqa: E402
+from ripieno.framework.recipes import RecipeNotFoundError, find_recipe, list_recipes
 
-from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI  # noqa: E402
-from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger  # noqa: E402
+CONFIG_FLAGS = ("-c", "--config")
+LOG_NAME = "logs"
+"""Folder of the default CSV logger inside ``trainer.default_root_dir``."""
 
 
 class RipienoCLI(LightningCLI):
@@ -42,6 +54,17 @@ class RipienoCLI(LightningCLI):
         parser.add_argument(
             "--tensorboard", type=bool, default=True,
             help="When tensorboard is installed, also write TensorBoard events beside the CSV logs.",
+        )
+
+    def before_instantiate_classes(self) -> None:
+        """Give a config without a logger a CSV logger inside ``trainer.default_root_dir``."""
+        config = self.config.get(self.subcommand, self.config) if self.subcommand else self.config
+        trainer = config.get("trainer")
+        if trainer is None or trainer.get("logger") not in (None, True):
+            return
+        trainer["logger"] = Namespace(
+            class_path="lightning.pytorch.loggers.CSVLogger",
+            init_args=Namespace(save_dir=str(trainer.get("default_root_dir") or "."), name=LOG_NAME),
         )
 
     def before_fit(self) -> None:
@@ -91,6 +114,70 @@ def _spec_as_dict(spec: object) -> object:
     return to_dict() if callable(to_dict) else spec
 
 
+def resolve_config_args(args: list[str]) -> list[str]:
+    """Replace every ``-c/--config NAME`` that is not a file by the shipped recipe ``NAME``.
+
+    Raises:
+        RecipeNotFoundError: for a name that is neither a file nor a shipped recipe.
+    """
+    resolved: list[str] = []
+    expect_config = False
+    for arg in args:
+        if expect_config:
+            resolved.append(str(find_recipe(arg)))
+            expect_config = False
+        elif arg in CONFIG_FLAGS:
+            resolved.append(arg)
+            expect_config = True
+        elif arg.startswith("--config="):
+            resolved.append("--config=" + str(find_recipe(arg.split("=", 1)[1])))
+        else:
+            resolved.append(arg)
+    return resolved
+
+
+def print_recipes() -> None:
+    """Print every shipped recipe's name and one-line description."""
+    recipes = list_recipes()
+    width = max(len(r.name) for r in recipes)
+    print("Shipped recipes (run one with `ripieno fit -c NAME`):")
+    for recipe in recipes:
+        print(f"  {recipe.name:<{width}}  {recipe.description}")
+
+
+@contextmanager
+def _quiet_cli_notices() -> Iterator[None]:
+    """Silence notices that are noise for ``ripieno`` users, for this call only.
+
+    jsonargparse's deprecation notices (Lightning triggers them) and Lightning's warning that
+    ``args=`` is meant for Python use (``main`` passes the resolved command line that way).
+    """
+    name = "JSONARGPARSE_DEPRECATION_WARNINGS"
+    previous = os.environ.get(name)
+    os.environ.setdefault(name, "off")
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
+            yield
+    finally:
+        if previous is None:
+            os.environ.pop(name, None)
+
+
 def main(args: list[str] | None = None) -> None:
-    """Entry point of the ``ripieno`` console script and ``python -m framework``."""
-    RipienoCLI(save_config_kwargs={"overwrite": True}, args=args)
+    """Entry point of the ``ripieno`` console script and ``python -m ripieno``.
+
+    Args:
+        args: the command line without the program name (``None``: ``sys.argv[1:]``):
+            ``recipes``, or a LightningCLI subcommand and its arguments.
+    """
+    args = list(sys.argv[1:] if args is None else args)
+    if args[:1] == ["recipes"]:
+        print_recipes()
+        return
+    try:
+        args = resolve_config_args(args)
+    except RecipeNotFoundError as error:
+        raise SystemExit(f"ripieno: {error}") from None
+    with _quiet_cli_notices():
+        RipienoCLI(save_config_kwargs={"overwrite": True}, args=args)

@@ -1,7 +1,7 @@
 """Backbone datamodules: model-input batches, the model's own preprocessing (oracle), splits, errors.
 
 Tiny random DINOv2 / timm ViT / Wav2Vec2 folders are built into temporary directories with
-``framework.loes.small_models``, through the same ``save_pretrained`` path real weights take.
+``ripieno.framework.loes.small_models``, through the same ``save_pretrained`` path real weights take.
 """
 
 import math
@@ -15,7 +15,7 @@ import torch
 import torchaudio.functional as AF
 from PIL import Image
 
-from datamodules.audio import (
+from ripieno.datamodules.audio import (
     AudioDataError,
     AudioDataModule,
     MissingAudioDataError,
@@ -24,13 +24,17 @@ from datamodules.audio import (
     resample_clips,
     synthesize_words,
 )
-from datamodules.vision_backbone import (
+from ripieno.datamodules.vision_backbone import (
     BackboneDataSpec,
     BackboneImageDataModule,
     ImageDataError,
     MissingImageDataError,
 )
-from framework.loes.small_models import build_small_dinov2, build_small_timm_dinov2, build_small_wav2vec2
+from ripieno.framework.loes.small_models import (
+    build_small_dinov2,
+    build_small_timm_dinov2,
+    build_small_wav2vec2,
+)
 
 HAS_ESPEAK = shutil.which("espeak-ng") is not None
 HAS_ASTERISK = Path("/usr/share/asterisk/sounds/en/digits/0.wav").is_file()

@@ -5,10 +5,10 @@ import pytest
 import torch
 from transformers import BertConfig, BertModel
 
-from callbacks import ElasticAveraging, GeoReg, ReplicaCoupling, RoutingResampler
-from datamodules import ImageDataModule, LayerEmbeddingDataModule, TextDataModule
-from framework import FusionClassifier, MCoverClassifier
-from framework.loes.features import minilm_dir
+from ripieno.callbacks import ElasticAveraging, GeoReg, ReplicaCoupling, RoutingResampler
+from ripieno.datamodules import ImageDataModule, LayerEmbeddingDataModule, TextDataModule
+from ripieno.framework import FusionClassifier, MCoverClassifier
+from ripieno.framework.loes.features import minilm_dir
 
 
 class _GatherState(L.Callback):

@@ -8,7 +8,7 @@ import torch
 from scipy.special import expit, softmax
 from scipy.stats import entropy
 
-from framework.metrics import Ambiguity, MemberDisagreement, PairwiseKLDivergence
+from ripieno.framework.metrics import Ambiguity, MemberDisagreement, PairwiseKLDivergence
 
 
 def _pairwise_kl_reference(probs: np.ndarray) -> float:

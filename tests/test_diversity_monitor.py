@@ -11,7 +11,7 @@ from scipy.stats import entropy
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from callbacks import DiversityMonitor
+from ripieno.callbacks import DiversityMonitor
 
 K, C = 4, 3
 

@@ -6,7 +6,7 @@ import rtdl_num_embeddings as rne
 import torch
 import torch.nn.functional as F
 
-from framework.nn.embeddings import (
+from ripieno.framework.nn.embeddings import (
     OneHotEncoding,
     PiecewiseLinearEmbeddings,
     PiecewiseLinearEncoding,

@@ -9,8 +9,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, jvp, vmap
 
-from framework.nn.ensemble_linear import ADAPTERS, EnsembleLinear, _LoMEMatmul, init_scaling_
-from framework.nn.tabular_backbone import TabularEnsembleNet
+from ripieno.framework.nn.ensemble_linear import ADAPTERS, EnsembleLinear, _LoMEMatmul, init_scaling_
+from ripieno.framework.nn.tabular_backbone import TabularEnsembleNet
 
 D = torch.float64
 PARAM_NAMES = ("weight", "adapter_a", "adapter_b", "bias")

@@ -1,4 +1,4 @@
-"""Smoke tests of framework.experiments on a tiny grid, with behavioural oracles."""
+"""Smoke tests of experiments on a tiny grid, with behavioural oracles."""
 
 import csv
 from pathlib import Path
@@ -6,8 +6,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from framework.experiments import diversity_over_training, diversity_sweep
-from framework.experiments.runs import prepare_recipe
+from experiments import diversity_over_training, diversity_sweep
+from experiments.runs import prepare_recipe
 
 RECIPE = "recipes/tabular/lometab_churn.yaml"
 TINY = ["--override", "data.init_args.max_rows=600"]
@@ -110,7 +110,7 @@ def test_diversity_over_training_rejects_same_adapter(tmp_path):
 
 def test_recorder_matches_diversity_monitor_history(tmp_path):
     """The recorder reads each validation's own values, the ones DiversityMonitor logged."""
-    from framework.experiments.runs import build_run, run_overrides
+    from experiments.runs import build_run, run_overrides
 
     run = build_run(prepare_recipe(RECIPE),
                     [*run_overrides(max_epochs=2, root_dir=tmp_path),
@@ -126,7 +126,7 @@ def test_recorder_matches_diversity_monitor_history(tmp_path):
 
 
 def test_recipe_table_tests_the_best_checkpoint(tmp_path):
-    from framework.experiments import recipe_table
+    from experiments import recipe_table
 
     recipe_table.main(["--recipes", "recipes/tabular/mlp_churn.yaml", "recipes/tabular/tabm_churn.yaml",
                        "--out", str(tmp_path), "--override", "data.init_args.max_rows=600",

@@ -10,7 +10,7 @@ from scipy.special import logsumexp, softmax
 from torch import nn
 from torch.utils.data import DataLoader
 
-from callbacks.glm_sampler import LastLayerSampler
+from ripieno.callbacks.glm_sampler import LastLayerSampler
 
 pytestmark = pytest.mark.filterwarnings("ignore:You passed in a .val_dataloader. but have no")
 
@@ -120,7 +120,7 @@ def test_unknown_glm_is_rejected():
 
 
 def test_mc_dropout_metrics_equal_its_own_samples_and_repeat(tmp_path):
-    from callbacks import MCDropoutSampler
+    from ripieno.callbacks import MCDropoutSampler
 
     model, data = TinyClassifier(), TinyData()
     callback = MCDropoutSampler(n_samples=6, seed=1)
@@ -142,7 +142,7 @@ def test_mc_dropout_metrics_equal_its_own_samples_and_repeat(tmp_path):
 
 
 def test_mc_dropout_without_dropout_is_an_error(tmp_path):
-    from callbacks import MCDropoutSampler
+    from ripieno.callbacks import MCDropoutSampler
 
     model, data = TinyClassifier(), TinyData()
     model.net[2].p = 0.0
@@ -184,7 +184,7 @@ def test_posterior_is_refit_when_other_weights_are_loaded(tmp_path):
 
 
 def test_deep_ensemble_averages_member_probabilities(tmp_path):
-    from callbacks.deep_ensemble import DeepEnsembleSampler
+    from ripieno.callbacks.deep_ensemble import DeepEnsembleSampler
 
     data, paths, members = TinyData(), [], []
     for seed in range(3):
@@ -243,7 +243,7 @@ def test_ddp_test_equals_one_process(tmp_path):
 
 def _prepared_callback(kind, tmp_path):
     """A fitted model and a baseline callback that already holds its posterior state."""
-    from callbacks import DeepEnsembleSampler, LaplaceSampler, SWAGSampler
+    from ripieno.callbacks import DeepEnsembleSampler, LaplaceSampler, SWAGSampler
 
     model, data = TinyClassifier(), TinyData()
     if kind == "deep_ensemble":

@@ -11,11 +11,11 @@ import torch
 from torch import nn
 from torch.func import functional_call, jacrev
 
-from callbacks import LastLayerSampler
-from datamodules import TabularDataModule
-from framework import TabularEnsembleModule
-from framework.nn import EnsembleLinear
-from framework.uq import GLMPosteriorSampler, LastLayerLinearization, last_layer_closed_form
+from ripieno.callbacks import LastLayerSampler
+from ripieno.datamodules import TabularDataModule
+from ripieno.framework import TabularEnsembleModule
+from ripieno.framework.nn import EnsembleLinear
+from ripieno.framework.uq import GLMPosteriorSampler, LastLayerLinearization, last_layer_closed_form
 
 K, C, D = 3, 2, 4
 

@@ -5,7 +5,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, jacrev
 
-from framework.uq import (
+from ripieno.framework.uq import (
     FullNetworkLinearization,
     GLMPosteriorSampler,
     LastLayerLinearization,

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from datamodules.images import (
+from ripieno.datamodules.images import (
     FASHION_MNIST_DEBIAN_ROOT,
     ImageDataError,
     ImageDataModule,

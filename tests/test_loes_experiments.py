@@ -2,7 +2,7 @@
 
 import pandas as pd
 
-from framework.experiments import loes_comparison
+from experiments import loes_comparison
 
 
 def test_best_scale_is_chosen_on_validation_nll_per_k():

@@ -8,12 +8,12 @@ import pytest
 import torch
 from transformers import BertConfig, BertModel
 
-from callbacks import GeoReg
-from datamodules import TextDataModule
-from datamodules.layer_embeddings import LayerEmbeddingDataModule
-from framework.loes.features import cached_layer_embeddings, extract_layer_embeddings, minilm_dir
-from framework.loes.fusion import FusionClassifier
-from framework.loes.geometry_loss import centroid_log_volume, isotropy
+from ripieno.callbacks import GeoReg
+from ripieno.datamodules import TextDataModule
+from ripieno.datamodules.layer_embeddings import LayerEmbeddingDataModule
+from ripieno.framework.loes.features import cached_layer_embeddings, extract_layer_embeddings, minilm_dir
+from ripieno.framework.loes.fusion import FusionClassifier
+from ripieno.framework.loes.geometry_loss import centroid_log_volume, isotropy
 
 
 @pytest.fixture(scope="module")
@@ -162,8 +162,8 @@ def test_georeg_term_is_float32_under_bf16_autocast():
 
 
 def test_timm_vit_hidden_states_match_a_manual_block_loop(tmp_path):
-    from framework.loes.features import hidden_states, load_pretrained_backbone
-    from framework.loes.small_models import build_small_timm_dinov2
+    from ripieno.framework.loes.features import hidden_states, load_pretrained_backbone
+    from ripieno.framework.loes.small_models import build_small_timm_dinov2
 
     model = load_pretrained_backbone(build_small_timm_dinov2(tmp_path / "timm")).eval()
     x = torch.randn(2, 3, 56, 56)

@@ -10,7 +10,7 @@ import pytest
 import torch
 from sklearn.linear_model import Ridge
 
-from framework.loes import (
+from ripieno.framework.loes import (
     SELECTORS,
     ScalarMix,
     fit_residualizer,

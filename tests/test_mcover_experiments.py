@@ -2,7 +2,7 @@
 
 import pandas as pd
 
-from framework.experiments import mcover_seeds
+from experiments import mcover_seeds
 
 
 def test_best_sigma_is_chosen_on_validation_not_test():

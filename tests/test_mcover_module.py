@@ -5,10 +5,10 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from callbacks import DiversityMonitor, ElasticAveraging, ReplicaCoupling, RoutingResampler
-from datamodules import ImageDataModule
-from framework import MCoverClassifier
-from framework.mcover import PermutationBank, make_kernel
+from ripieno.callbacks import DiversityMonitor, ElasticAveraging, ReplicaCoupling, RoutingResampler
+from ripieno.datamodules import ImageDataModule
+from ripieno.framework import MCoverClassifier
+from ripieno.framework.mcover import PermutationBank, make_kernel
 
 
 def _data(**kw):
@@ -136,7 +136,7 @@ def test_committee_machine_trains_and_votes(tmp_path):
 
 
 def test_resampler_without_a_routed_module_is_an_error(tmp_path):
-    from framework import ImageClassifier
+    from ripieno.framework import ImageClassifier
 
     dm = _data()
     with pytest.raises(TypeError, match="draw_permutation_bank"):

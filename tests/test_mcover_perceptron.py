@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from datamodules.teacher_student import TeacherStudentDataModule
-from framework.mcover import PermutationBank, make_kernel
-from framework.mcover.perceptron import (
+from ripieno.datamodules.teacher_student import TeacherStudentDataModule
+from ripieno.framework.mcover import PermutationBank, make_kernel
+from ripieno.framework.mcover.perceptron import (
     AnnealingSchedule,
     RoutedPerceptronAnnealer,
     TeacherStudentSpec,
@@ -19,7 +19,7 @@ from framework.mcover.perceptron import (
     generalization_error,
     teacher_student_data,
 )
-from framework.mcover.perceptron_module import BinaryPerceptronSA
+from ripieno.framework.mcover.perceptron_module import BinaryPerceptronSA
 
 
 def _gen(seed):
@@ -377,7 +377,7 @@ def test_module_equals_the_annealer_and_resumes_exactly(tmp_path):
 
 
 def test_module_draws_banks_for_the_routing_resampler(tmp_path):
-    from callbacks import RoutingResampler
+    from ripieno.callbacks import RoutingResampler
 
     dm = TeacherStudentDataModule(n_inputs=30, alpha=1.0, n_val=10, n_test=10)
     model = BinaryPerceptronSA(dm.spec, method="mcover", m=4, n_blocks=3, bank_size=5, sweeps_per_step=2)

@@ -6,7 +6,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from framework.mcover import (
+from ripieno.framework.mcover import (
     PermutationBank,
     empirical_mixing_matrix,
     exact_distribution,

@@ -5,8 +5,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from framework.mcover import PermutationBank, make_kernel
-from framework.mcover.routed_mlp import RoutedMLP, block_index, copy_cross_entropy
+from ripieno.framework.mcover import PermutationBank, make_kernel
+from ripieno.framework.mcover.routed_mlp import RoutedMLP, block_index, copy_cross_entropy
 
 M = 4
 

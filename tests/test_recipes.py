@@ -9,7 +9,7 @@ import pytest
 import torch
 import yaml
 
-from framework.cli import main
+from ripieno.framework.cli import main
 
 RECIPES = sorted(Path("recipes").rglob("*.yaml"))
 QUICK = ["--data.init_args.max_rows=600", "--trainer.enable_progress_bar=false",

@@ -4,9 +4,9 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from callbacks import DiversityMonitor
-from datamodules import TabularDataModule
-from framework import TabularEnsembleModule
+from ripieno.callbacks import DiversityMonitor
+from ripieno.datamodules import TabularDataModule
+from ripieno.framework import TabularEnsembleModule
 
 
 def _run(tmp_path, max_epochs, ckpt_path=None):

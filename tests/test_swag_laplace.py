@@ -9,8 +9,8 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from torch import nn
 from torch.utils.data import DataLoader
 
-from callbacks.laplace_baseline import LaplaceSampler
-from callbacks.swag import SWAGSampler
+from ripieno.callbacks.laplace_baseline import LaplaceSampler
+from ripieno.callbacks.swag import SWAGSampler
 
 
 class TinyModel(L.LightningModule):

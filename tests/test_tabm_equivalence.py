@@ -5,7 +5,7 @@ import rtdl_num_embeddings as rne
 import tabm
 import torch
 
-from framework.nn import TabularEnsembleNet
+from ripieno.framework.nn import TabularEnsembleNet
 
 BINS = [torch.tensor([-2.0, 0.0, 1.0, 3.0]), torch.tensor([-1.0, 1.0]), torch.tensor([0.0, 0.5, 1.0])]
 MAP = {

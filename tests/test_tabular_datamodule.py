@@ -7,7 +7,7 @@ import torch
 from conftest import make_table
 from sklearn.preprocessing import QuantileTransformer
 
-from datamodules import TabularDataError, TabularDataModule
+from ripieno.datamodules import TabularDataError, TabularDataModule
 
 
 def _dm(path, **kwargs):
@@ -208,7 +208,7 @@ def test_error_unknown_categorical_column(table_csv):
 
 
 def test_unseen_label_check_names_the_label():
-    from datamodules.tabular import _check_labels_seen
+    from ripieno.datamodules.tabular import _check_labels_seen
 
     y = np.array([0, 0, 1, 1, 2])
     with pytest.raises(TabularDataError, match=r"\['c'\] occur in the test split but not in training"):

@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from datamodules import TabularDataModule
-from framework import TabularEnsembleModule, TabularSpec
+from ripieno.datamodules import TabularDataModule
+from ripieno.framework import TabularEnsembleModule, TabularSpec
 
 
 def _spec(task="multiclass", n_classes=3):

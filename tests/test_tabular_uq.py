@@ -4,9 +4,9 @@ import lightning as L
 import pytest
 import torch
 
-from callbacks import LastLayerSampler
-from datamodules import TabularDataModule
-from framework import TabularMLP
+from ripieno.callbacks import LastLayerSampler
+from ripieno.datamodules import TabularDataModule
+from ripieno.framework import TabularMLP
 
 
 def test_loss_is_the_standardised_squared_error():
@@ -44,7 +44,7 @@ def test_ll_glm_regression_metrics_and_units(tmp_path):
 
 
 def test_evidence_selection_picks_the_closed_form_maximiser(tmp_path):
-    from framework.uq import last_layer_log_evidence
+    from ripieno.framework.uq import last_layer_log_evidence
 
     dm = TabularDataModule("concrete", numeric_embedding="none", max_rows=300, batch_size=64)
     model = TabularMLP(dm.spec, hidden=[16])

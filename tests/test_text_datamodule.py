@@ -11,9 +11,9 @@ import pandas as pd
 import pytest
 import torch
 
-import datamodules.text as text_module
-from datamodules.text import MissingTextDataError, TextDataError, TextDataModule
-from framework.text_spec import TextSpec
+import ripieno.datamodules.text as text_module
+from ripieno.datamodules.text import MissingTextDataError, TextDataError, TextDataModule
+from ripieno.framework.text_spec import TextSpec
 
 
 @pytest.fixture(scope="module")
@@ -229,7 +229,7 @@ def test_saved_datasets_folder_with_class_labels(tmp_path):
     data = datasets.Dataset.from_dict({"text": texts, "label": [i % 2 for i in range(40)]}, features=features)
     datasets.DatasetDict({"train": data.select(range(30)), "test": data.select(range(30, 40))}).save_to_disk(
         tmp_path / "saved")
-    from datamodules.text import load_texts
+    from ripieno.datamodules.text import load_texts
 
     raw = load_texts(str(tmp_path / "saved"))
     assert raw.class_names == ["neg", "pos"] and len(raw.texts) == 40

@@ -4,9 +4,9 @@ import lightning as L
 import pytest
 import torch
 
-from callbacks import LastLayerSampler
-from datamodules import TextDataModule
-from framework import TextClassifier
+from ripieno.callbacks import LastLayerSampler
+from ripieno.datamodules import TextDataModule
+from ripieno.framework import TextClassifier
 
 
 @pytest.mark.parametrize("glm", ["last_layer", "full"])

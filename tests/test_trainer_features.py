@@ -6,10 +6,10 @@ import lightning as L
 import pytest
 import torch
 
-from callbacks import DiversityMonitor
-from datamodules import TabularDataModule
-from framework import TabularEnsembleModule
-from framework.cli import main
+from ripieno.callbacks import DiversityMonitor
+from ripieno.datamodules import TabularDataModule
+from ripieno.framework import TabularEnsembleModule
+from ripieno.framework.cli import main
 
 
 def _fit(tmp_path, **trainer_kwargs):
@@ -57,7 +57,7 @@ def test_tensorboard_logs_beside_csv(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_prediction_writer_under_ddp_covers_every_row_once(tmp_path):
-    from callbacks import MemberPredictionWriter
+    from ripieno.callbacks import MemberPredictionWriter
 
     dm = TabularDataModule("mlc_churn", max_rows=600, n_bins=8, eval_batch_size=32)
     model = TabularEnsembleModule(dm.spec, k=3, d_block=16)

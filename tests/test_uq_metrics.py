@@ -10,8 +10,8 @@ from scipy.stats import norm
 from sklearn.metrics import roc_auc_score
 from torchmetrics.functional.classification import multiclass_calibration_error
 
-from framework.metrics.reliability import reliability_diagram
-from framework.metrics.uq import (
+from ripieno.framework.metrics.reliability import reliability_diagram
+from ripieno.framework.metrics.uq import (
     ExpectedCalibrationError,
     GaussianNLL,
     LogPointwisePredictiveDensity,

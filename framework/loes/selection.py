@@ -50,7 +50,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from framework.loes.geometry import (
+from ripieno.framework.loes.geometry import (
     IsoKind,
     Residualizer,
     RidgeLossKind,

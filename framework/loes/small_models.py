@@ -12,9 +12,9 @@ Their features carry no pretrained knowledge; every builder says so when it runs
 
 Command line::
 
-    python -m framework.loes.small_models dinov2 runs/models/dinov2-random
-    python -m framework.loes.small_models wav2vec2 runs/models/wav2vec2-random
-    python -m framework.loes.small_models timm_dinov2 runs/models/timm-dinov2-random
+    python -m ripieno.framework.loes.small_models dinov2 runs/models/dinov2-random
+    python -m ripieno.framework.loes.small_models wav2vec2 runs/models/wav2vec2-random
+    python -m ripieno.framework.loes.small_models timm_dinov2 runs/models/timm-dinov2-random
 """
 
 from __future__ import annotations
@@ -182,7 +182,7 @@ BUILDERS: dict[str, Callable[..., Path]] = {
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Command line: ``python -m framework.loes.small_models {dinov2,wav2vec2,timm_dinov2} DIR``."""
+    """Command line: ``python -m ripieno.framework.loes.small_models {dinov2,wav2vec2,timm_dinov2} DIR``."""
     parser = argparse.ArgumentParser(description="Write a small random backbone to a local folder.")
     parser.add_argument("kind", choices=sorted(BUILDERS))
     parser.add_argument("target_dir")

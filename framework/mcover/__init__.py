@@ -1,6 +1,6 @@
 """M-cover routing: mixing kernels, permutation banks, routed models and their baselines."""
 
-from framework.mcover.kernels import (
+from ripieno.framework.mcover.kernels import (
     KERNELS,
     gaussian_ring_kernel,
     make_kernel,
@@ -8,7 +8,7 @@ from framework.mcover.kernels import (
     sinkhorn,
     validate_kernel,
 )
-from framework.mcover.permutations import (
+from ripieno.framework.mcover.permutations import (
     SAMPLERS,
     PermutationBank,
     all_permutations,

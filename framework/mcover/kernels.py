@@ -2,7 +2,7 @@
 
 ``Q`` is ``(M, M)`` and non-negative; ``Q[a, b]`` is the strength of routing ``b -> a``
 (destination copy ``a`` reads its inputs from source copy ``b``). A permutation ``rho``
-has weight ``prod_a Q[a, rho(a)]`` (``framework.mcover.permutations``).
+has weight ``prod_a Q[a, rho(a)]`` (``ripieno.framework.mcover.permutations``).
 
 * ``diagonal``: ``Q = I``; only the identity has weight: M independent trainings.
 * ``uniform``: ``Q = 1``; every permutation equally likely (global mixing).

@@ -29,12 +29,12 @@ import torch
 import torchmetrics
 from torch import Tensor, nn
 
-from framework.image_spec import ImageSpec
-from framework.mcover.kernels import KernelKind, make_kernel
-from framework.mcover.permutations import MAX_EXACT_M, PermutationBank, SamplerKind
-from framework.mcover.routed_mlp import Activation, Head, RoutedMLP, copy_cross_entropy
-from framework.methods.loss_terms import LossTermsMixin
-from framework.methods.rng_state import RNGStateMixin
+from ripieno.framework.image_spec import ImageSpec
+from ripieno.framework.mcover.kernels import KernelKind, make_kernel
+from ripieno.framework.mcover.permutations import MAX_EXACT_M, PermutationBank, SamplerKind
+from ripieno.framework.mcover.routed_mlp import Activation, Head, RoutedMLP, copy_cross_entropy
+from ripieno.framework.methods.loss_terms import LossTermsMixin
+from ripieno.framework.methods.rng_state import RNGStateMixin
 
 Routing = Literal["exact", "block_message"]
 

@@ -64,7 +64,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from framework.mcover.permutations import PermutationBank
+from ripieno.framework.mcover.permutations import PermutationBank
 
 Inputs = Literal["gaussian", "binary"]
 INPUTS: tuple[str, ...] = ("gaussian", "binary")

@@ -37,8 +37,8 @@ import torch
 import torchmetrics
 from torch import Tensor
 
-from framework.mcover.kernels import KernelKind, make_kernel
-from framework.mcover.perceptron import (
+from ripieno.framework.mcover.kernels import KernelKind, make_kernel
+from ripieno.framework.mcover.perceptron import (
     AnnealingSchedule,
     RoutedPerceptronAnnealer,
     TeacherStudentSpec,
@@ -47,7 +47,7 @@ from framework.mcover.perceptron import (
     generalization_error,
     initial_copies,
 )
-from framework.mcover.permutations import MAX_EXACT_M, PermutationBank, SamplerKind
+from ripieno.framework.mcover.permutations import MAX_EXACT_M, PermutationBank, SamplerKind
 
 Method = Literal["plain", "replicated", "mcover"]
 METHODS: tuple[str, ...] = ("plain", "replicated", "mcover")

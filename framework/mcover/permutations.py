@@ -29,7 +29,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from framework.mcover.kernels import validate_kernel
+from ripieno.framework.mcover.kernels import validate_kernel
 
 SamplerKind = Literal["exact", "mcmc", "gumbel"]
 SAMPLERS: tuple[str, ...] = ("exact", "mcmc", "gumbel")

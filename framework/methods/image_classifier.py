@@ -1,6 +1,6 @@
 """ImageClassifier: a plain supervised network for the uncertainty experiments.
 
-One member (``member_outputs (B, 1, C)``); uncertainty comes post hoc from callbacks
+One member (``member_outputs (B, 1, C)``); uncertainty comes post hoc from ripieno.callbacks
 (``LastLayerSampler`` for LL-GLM/DNN-GLM, ``MCDropoutSampler``). The last layer is
 ``head`` (an ``nn.Linear``), which LL-GLM finds without configuration; dropout sits right
 before it so MC-dropout has something to sample.
@@ -16,9 +16,9 @@ import torch.nn.functional as F
 import torchmetrics
 from torch import Tensor, nn
 
-from framework.image_spec import ImageSpec
-from framework.methods.loss_terms import LossTermsMixin
-from framework.methods.rng_state import RNGStateMixin
+from ripieno.framework.image_spec import ImageSpec
+from ripieno.framework.methods.loss_terms import LossTermsMixin
+from ripieno.framework.methods.rng_state import RNGStateMixin
 
 Backbone = Literal["cnn", "mlp"]
 

@@ -16,12 +16,12 @@ import torch.nn.functional as F
 import torchmetrics
 from torch import Tensor, nn
 
-from framework.methods.loss_terms import LossTermsMixin
-from framework.methods.rng_state import RNGStateMixin
-from framework.nn.embeddings import PiecewiseLinearEmbeddings
-from framework.nn.ensemble_linear import Adapter, Compute, EnsembleLinear, ScalingInit
-from framework.nn.tabular_backbone import AdapterLayers, TabularEnsembleNet
-from framework.tabular_spec import TabularSpec
+from ripieno.framework.methods.loss_terms import LossTermsMixin
+from ripieno.framework.methods.rng_state import RNGStateMixin
+from ripieno.framework.nn.embeddings import PiecewiseLinearEmbeddings
+from ripieno.framework.nn.ensemble_linear import Adapter, Compute, EnsembleLinear, ScalingInit
+from ripieno.framework.nn.tabular_backbone import AdapterLayers, TabularEnsembleNet
+from ripieno.framework.tabular_spec import TabularSpec
 
 
 class TabularEnsembleModule(LossTermsMixin, RNGStateMixin, L.LightningModule):

@@ -19,10 +19,10 @@ import torch.nn.functional as F
 import torchmetrics
 from torch import Tensor, nn
 
-from framework.methods.loss_terms import LossTermsMixin
-from framework.methods.rng_state import RNGStateMixin
-from framework.nn.embeddings import OneHotEncoding
-from framework.tabular_spec import TabularSpec
+from ripieno.framework.methods.loss_terms import LossTermsMixin
+from ripieno.framework.methods.rng_state import RNGStateMixin
+from ripieno.framework.nn.embeddings import OneHotEncoding
+from ripieno.framework.tabular_spec import TabularSpec
 
 
 class TabularMLP(LossTermsMixin, RNGStateMixin, L.LightningModule):

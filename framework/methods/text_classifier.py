@@ -5,7 +5,7 @@ take; nothing is downloaded), or builds a small GPT-2 from a config with random 
 when no directory is given (no GPT-2 weights ship offline). The hidden state of the last
 non-padding token goes through dropout and ``head`` (an ``nn.Linear``): pooling happens
 before the head, so ``LastLayerSampler`` sees one feature vector per text.
-Batches are ``{"input_ids", "attention_mask", "y"}`` (``datamodules.TextDataModule``);
+Batches are ``{"input_ids", "attention_mask", "y"}`` (``ripieno.datamodules.TextDataModule``);
 the model input is the dict of the first two.
 """
 
@@ -21,9 +21,9 @@ import torchmetrics
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 
-from framework.methods.loss_terms import LossTermsMixin
-from framework.methods.rng_state import RNGStateMixin
-from framework.text_spec import TextSpec
+from ripieno.framework.methods.loss_terms import LossTermsMixin
+from ripieno.framework.methods.rng_state import RNGStateMixin
+from ripieno.framework.text_spec import TextSpec
 
 INPUT_KEYS = ("input_ids", "attention_mask")
 

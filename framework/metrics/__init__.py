@@ -1,8 +1,8 @@
 """torchmetrics Metric classes shared by every method."""
 
-from framework.metrics.diversity import Ambiguity, MemberDisagreement, PairwiseKLDivergence
-from framework.metrics.reliability import reliability_diagram
-from framework.metrics.uq import (
+from ripieno.framework.metrics.diversity import Ambiguity, MemberDisagreement, PairwiseKLDivergence
+from ripieno.framework.metrics.reliability import reliability_diagram
+from ripieno.framework.metrics.uq import (
     ExpectedCalibrationError,
     GaussianNLL,
     LogPointwisePredictiveDensity,

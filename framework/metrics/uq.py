@@ -35,7 +35,7 @@ from torchmetrics.classification import MulticlassCalibrationError
 from torchmetrics.functional.classification import binary_auroc
 from torchmetrics.utilities import dim_zero_cat, rank_zero_warn
 
-from framework.metrics.diversity import member_log_probs
+from ripieno.framework.metrics.diversity import member_log_probs
 
 InputKind = Literal["logits", "probs"]
 _INPUT_KINDS = ("logits", "probs")

@@ -1,13 +1,13 @@
 """Torch layers without Lightning: ensemble linear layers, embeddings, backbones."""
 
-from framework.nn.embeddings import (
+from ripieno.framework.nn.embeddings import (
     OneHotEncoding,
     PiecewiseLinearEmbeddings,
     PiecewiseLinearEncoding,
     compute_bins,
 )
-from framework.nn.ensemble_linear import ADAPTERS, EnsembleLinear
-from framework.nn.tabular_backbone import TabularEnsembleNet
+from ripieno.framework.nn.ensemble_linear import ADAPTERS, EnsembleLinear
+from ripieno.framework.nn.tabular_backbone import TabularEnsembleNet
 
 __all__ = [
     "ADAPTERS",

@@ -13,8 +13,8 @@ from typing import Literal
 import torch
 from torch import Tensor, nn
 
-from framework.nn.embeddings import OneHotEncoding, PiecewiseLinearEmbeddings
-from framework.nn.ensemble_linear import (
+from ripieno.framework.nn.embeddings import OneHotEncoding, PiecewiseLinearEmbeddings
+from ripieno.framework.nn.ensemble_linear import (
     ADAPTERS,
     Adapter,
     Compute,

@@ -40,7 +40,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from framework.uq.linearization import FullNetworkLinearization, LastLayerLinearization
+from ripieno.framework.uq.linearization import FullNetworkLinearization, LastLayerLinearization
 
 Likelihood = Literal["regression", "classification", "binary"]
 TargetFn = Callable[[Any], Tensor]

@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, jvp, vjp, vmap
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from framework.nn.ensemble_linear import EnsembleLinear
+from ripieno.framework.nn.ensemble_linear import EnsembleLinear
 
 InputFn = Callable[[Any], Any]
 

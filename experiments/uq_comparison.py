@@ -11,7 +11,7 @@ markdown.
 
 Example::
 
-    python -m framework.experiments.uq_comparison --recipe recipes/uq/ll_glm_fashion_mnist.yaml \\
+    python -m experiments.uq_comparison --recipe recipes/uq/ll_glm_fashion_mnist.yaml \\
         --max_epochs 5 --override data.init_args.max_train_rows=3000 --out docs/results/uq_fashion_mnist
 """
 
@@ -29,9 +29,15 @@ import lightning as L
 import pandas as pd
 from lightning.pytorch.callbacks import Callback
 
-from callbacks import DeepEnsembleSampler, LaplaceSampler, LastLayerSampler, MCDropoutSampler, SWAGSampler
-from framework.cli import RipienoCLI
-from framework.experiments.runs import normalize_overrides, quiet_lightning
+from experiments.runs import normalize_overrides, quiet_lightning
+from ripieno.callbacks import (
+    DeepEnsembleSampler,
+    LaplaceSampler,
+    LastLayerSampler,
+    MCDropoutSampler,
+    SWAGSampler,
+)
+from ripieno.framework.cli import RipienoCLI
 
 GRID = [0.01, 0.1, 1.0, 10.0, 100.0, 1000.0]
 COLUMNS = {"uq/test/accuracy": "accuracy", "uq/test/ece": "ece", "uq/test/nll": "nll", "uq/test/lppd": "lppd",
@@ -75,7 +81,7 @@ def evaluate(cli: Any, name: str, callback: Callback | None, root: Path) -> dict
 
 def main(argv: list[str] | None = None) -> None:
     """Train, evaluate every method, write ``uq_comparison.csv`` and ``.md``."""
-    parser = argparse.ArgumentParser(prog="python -m framework.experiments.uq_comparison",
+    parser = argparse.ArgumentParser(prog="python -m experiments.uq_comparison",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--recipe", default="recipes/uq/ll_glm_fashion_mnist.yaml")
     parser.add_argument("--max_epochs", type=int, default=5)

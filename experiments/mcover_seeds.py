@@ -9,7 +9,7 @@ the test split. Outputs: ``runs.csv`` (one row per variant and seed), ``summary.
 
 Example::
 
-    python -m framework.experiments.mcover_seeds --family mlp --seeds 0 1 2 3 4 \\
+    python -m experiments.mcover_seeds --family mlp --seeds 0 1 2 3 4 \\
         --out docs/results/mcover_mlp_mnist5k
 """
 
@@ -24,8 +24,8 @@ import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from framework.experiments.recipe_table import markdown_table, run_recipe
-from framework.experiments.runs import normalize_overrides, quiet_lightning
+from experiments.recipe_table import markdown_table, run_recipe
+from experiments.runs import normalize_overrides, quiet_lightning
 
 #: family -> (base recipe of the routed model, baselines: label -> (recipe, overrides)).
 FAMILIES: dict[str, dict[str, Any]] = {

@@ -14,7 +14,7 @@ line per adapter).
 
 Example::
 
-    python -m framework.experiments.diversity_over_training \\
+    python -m experiments.diversity_over_training \\
         --recipe recipes/tabular/lometab_churn.yaml --compare additive --rank 4 \\
         --sigma 0.3 --max_epochs 20 --out docs/results/diversity_over_training
 """
@@ -31,7 +31,7 @@ from typing import Any
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from framework.experiments.runs import (
+from experiments.runs import (
     TaskFamily,
     add_run_arguments,
     build_run,
@@ -152,7 +152,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         The parsed arguments.
     """
     parser = argparse.ArgumentParser(
-        prog="python -m framework.experiments.diversity_over_training",
+        prog="python -m experiments.diversity_over_training",
         description="Train a recipe and the same config with another adapter (same rank, "
         "sigma_init, data, seed); write per-epoch member diversity and validation task "
         "metric to a CSV and plot them.",

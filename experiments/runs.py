@@ -33,8 +33,8 @@ from lightning.pytorch.callbacks import Callback
 
 os.environ.setdefault("JSONARGPARSE_DEPRECATION_WARNINGS", "off")
 
-from callbacks.diversity_monitor import DiversityMonitor  # noqa: E402
-from framework.cli import RipienoCLI  # noqa: E402
+from ripieno.callbacks.diversity_monitor import DiversityMonitor  # noqa: E402
+from ripieno.framework.cli import RipienoCLI  # noqa: E402
 
 TaskFamily = Literal["classification", "regression"]
 
@@ -66,7 +66,7 @@ def prepare_recipe(recipe: str | Path) -> str:
     """Read a recipe and return it as YAML text ready for repeated in-process runs.
 
     Callbacks named in :data:`DROPPED_CALLBACKS` are removed and a
-    ``callbacks.DiversityMonitor`` is appended when the recipe has none; everything
+    ``ripieno.callbacks.DiversityMonitor`` is appended when the recipe has none; everything
     else is kept as written.
 
     Args:
@@ -92,7 +92,7 @@ def prepare_recipe(recipe: str | Path) -> str:
         callbacks = [callbacks]
     kept = [c for c in callbacks if _callback_name(c) not in DROPPED_CALLBACKS]
     if not any(_callback_name(c) == "DiversityMonitor" for c in kept):
-        kept.append({"class_path": "callbacks.DiversityMonitor"})
+        kept.append({"class_path": "ripieno.callbacks.DiversityMonitor"})
     trainer["callbacks"] = kept
     return yaml.safe_dump(config, sort_keys=False)
 

@@ -13,7 +13,7 @@ Outputs under ``--out``: ``diversity_sweep.csv`` (one row per cell) and heatmaps
 
 Example::
 
-    python -m framework.experiments.diversity_sweep \\
+    python -m experiments.diversity_sweep \\
         --recipe recipes/tabular/lometab_churn.yaml --ranks 1 2 4 8 16 \\
         --sigmas 0.1 0.3 1.0 3.0 --max_epochs 5 --out docs/results/diversity_sweep
 """
@@ -30,7 +30,7 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from framework.experiments.runs import (
+from experiments.runs import (
     TaskFamily,
     add_run_arguments,
     best_epoch_row,
@@ -187,7 +187,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         The parsed arguments.
     """
     parser = argparse.ArgumentParser(
-        prog="python -m framework.experiments.diversity_sweep",
+        prog="python -m experiments.diversity_sweep",
         description="Train a recipe over a grid of adapter ranks x sigma_init (same seed and "
         "data per cell); write a CSV of diversity at init and after training, task metric, "
         "parameter count and wall time, plus heatmaps.",

@@ -7,7 +7,7 @@ and a markdown table (for the README).
 
 Example::
 
-    python -m framework.experiments.recipe_table --recipes recipes/tabular/*_churn.yaml \\
+    python -m experiments.recipe_table --recipes recipes/tabular/*_churn.yaml \\
         --seeds 0 1 --out docs/results/tabular_recipes
 """
 
@@ -24,8 +24,8 @@ from unittest import mock
 import pandas as pd
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from framework.cli import RipienoCLI
-from framework.experiments.runs import normalize_overrides, quiet_lightning
+from experiments.runs import normalize_overrides, quiet_lightning
+from ripieno.framework.cli import RipienoCLI
 
 
 def run_recipe(recipe: str, seed: int, out: Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> None:
     Args:
         argv: command-line arguments (``None``: ``sys.argv[1:]``).
     """
-    parser = argparse.ArgumentParser(prog="python -m framework.experiments.recipe_table",
+    parser = argparse.ArgumentParser(prog="python -m experiments.recipe_table",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--recipes", nargs="+", required=True, help="recipe YAML files")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="seeds per recipe")

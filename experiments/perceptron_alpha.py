@@ -25,7 +25,7 @@ per method and alpha, with the references) and ``gen_error_vs_alpha.png``.
 
 Example (about 5 minutes on 2 CPU cores)::
 
-    python -m framework.experiments.perceptron_alpha --n 500 --alphas 0.5 1.0 1.5 2.0 \\
+    python -m experiments.perceptron_alpha --n 500 --alphas 0.5 1.0 1.5 2.0 \\
         --seeds 3 --out docs/results/mcover_perceptron
 """
 
@@ -42,9 +42,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from framework.mcover.kernels import make_kernel
-from framework.mcover.perceptron import AnnealingSchedule, RoutedPerceptronAnnealer, teacher_student_data
-from framework.mcover.permutations import PermutationBank
+from ripieno.framework.mcover.kernels import make_kernel
+from ripieno.framework.mcover.perceptron import (
+    AnnealingSchedule,
+    RoutedPerceptronAnnealer,
+    teacher_student_data,
+)
+from ripieno.framework.mcover.permutations import PermutationBank
 
 METHODS: tuple[str, ...] = ("plain", "replicated", "mcover")
 ALPHA_C = 1.245  # first-order transition to perfect generalisation (Gyorgyi 1990)
@@ -284,7 +288,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> list[dict[str, Any]]:
     """Run the experiment and write ``results.csv``, ``summary.md`` and ``gen_error_vs_alpha.png``."""
-    from framework.experiments.runs import format_table, write_csv
+    from experiments.runs import format_table, write_csv
 
     args = parse_args(argv)
     common = {k: getattr(args, k) for k in ("n", "m", "sweeps", "beta0", "beta1", "gamma0", "gamma_growth",

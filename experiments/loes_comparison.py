@@ -18,7 +18,7 @@ Outputs: ``runs.csv`` (one row per variant and seed) and ``summary.md`` (mean ±
 
 Example::
 
-    python -m framework.experiments.loes_comparison --ks 1 2 3 4 --seeds 0 1 2 \\
+    python -m experiments.loes_comparison --ks 1 2 3 4 --seeds 0 1 2 \\
         --out docs/results/loes_minilm_rotten_tomatoes
 """
 
@@ -31,8 +31,8 @@ from typing import Any
 
 import pandas as pd
 
-from framework.experiments.recipe_table import markdown_table, run_recipe
-from framework.experiments.runs import normalize_overrides, quiet_lightning
+from experiments.recipe_table import markdown_table, run_recipe
+from experiments.runs import normalize_overrides, quiet_lightning
 
 
 def selection_variants(ks: Sequence[int]) -> dict[str, list[str]]:

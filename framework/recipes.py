@@ -1,0 +1,93 @@
+"""The recipes shipped with ripieno: find one by name, list them all.
+
+Recipes are YAML files for ``ripieno fit -c``. They live in the repository's ``recipes/``
+folder and install as data beside this package (``ripieno/recipes``), so the same lookup
+works in a checkout and in an installed wheel. A recipe is named by its path under that
+folder, with or without ``.yaml`` (``tabular/lometab_churn``); its description is its first
+comment line.
+
+Example:
+    >>> from ripieno.framework.recipes import find_recipe
+    >>> find_recipe("tabular/lometab_churn").name
+    'lometab_churn.yaml'
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import NamedTuple
+
+RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
+"""Where the shipped recipes are: ``recipes/`` in a checkout, ``ripieno/recipes`` when installed."""
+
+SUFFIXES = (".yaml", ".yml")
+
+
+class RecipeNotFoundError(FileNotFoundError):
+    """Neither a file at that path nor a shipped recipe of that name exists."""
+
+
+class Recipe(NamedTuple):
+    """A shipped recipe: its name (``tabular/lometab_churn``), file and one-line description."""
+
+    name: str
+    path: Path
+    description: str
+
+
+def recipe_name(path: Path) -> str:
+    """The name of a shipped recipe file: its path under ``RECIPES_DIR`` without the suffix."""
+    return path.resolve().relative_to(RECIPES_DIR).with_suffix("").as_posix()
+
+
+def list_recipes() -> list[Recipe]:
+    """Every shipped recipe, sorted by name."""
+    paths = sorted(p for suffix in SUFFIXES for p in RECIPES_DIR.rglob(f"*{suffix}"))
+    return sorted((Recipe(recipe_name(p), p, _description(p)) for p in paths), key=lambda r: r.name)
+
+
+def find_recipe(name: str | Path) -> Path:
+    """The file a ``-c`` argument means.
+
+    An existing file wins (a user's own YAML keeps working); otherwise ``name`` is looked up
+    among the shipped recipes, with or without ``.yaml`` and with or without a leading
+    ``recipes/`` (the form the README uses from a checkout).
+
+    Args:
+        name: a path, or a shipped recipe's name.
+
+    Raises:
+        RecipeNotFoundError: with the closest shipped names, when nothing matches.
+    """
+    given = Path(name).expanduser()
+    if given.is_file():
+        return given
+    relative = given.as_posix()
+    if relative.startswith("recipes/"):
+        relative = relative[len("recipes/"):]
+    candidates = [RECIPES_DIR / relative] + [RECIPES_DIR / (relative + s) for s in SUFFIXES]
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate
+    names = [r.name for r in list_recipes()]
+    close = difflib.get_close_matches(Path(relative).with_suffix("").as_posix(), names, n=3, cutoff=0.5)
+    hint = f" Did you mean {', '.join(close)}?" if close else ""
+    raise RecipeNotFoundError(
+        f"No file {str(name)!r} and no shipped recipe of that name.{hint} `ripieno recipes` lists the"
+        " shipped recipes; give a path to use your own YAML."
+    )
+
+
+def _description(path: Path) -> str:
+    """The first sentence of the recipe's leading comment block."""
+    lines = []
+    with path.open(encoding="utf-8") as handle:
+        for line in handle:
+            stripped = line.strip()
+            if not stripped.startswith("#"):
+                break
+            lines.append(stripped.lstrip("#").strip())
+    text = " ".join(lines)
+    end = text.find(". ")
+    return text if end < 0 else text[: end + 1]
