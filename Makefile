@@ -8,7 +8,7 @@ RECIPE ?= recipes/tabular/lometab_diamonds.yaml
 .PHONY: run test lint bench sweep clean
 
 $(STAMP): pyproject.toml
-	@# Fashion-MNIST ships in a Debian package (see ../shared/DATA.md); install it when root.
+	@# Fashion-MNIST ships in a Debian package (dataset-fashion-mnist); install it when root.
 	@if [ ! -d /usr/share/datasets/fashion-mnist ]; then \
 	  if [ "$$(id -u)" = 0 ]; then apt-get install -y -q dataset-fashion-mnist >/dev/null || \
 	    (apt-get update -q >/dev/null && apt-get install -y -q dataset-fashion-mnist >/dev/null); \
@@ -43,8 +43,8 @@ bench: $(STAMP)  ## Speed/memory tables with ratios measured side by side.
 	$(BIN)/python bench/loes_selection.py
 
 sweep: $(STAMP)  ## (rank, sigma_init) diversity grid and LoMETab-vs-additive diversity curves.
-	$(BIN)/python -m experiments.diversity_sweep --recipe recipes/tabular/lometab_churn.yaml --out docs/results/diversity_sweep
-	$(BIN)/python -m experiments.diversity_over_training --recipe recipes/tabular/lometab_churn.yaml --out docs/results/diversity_over_training
+	$(BIN)/python -m experiments.diversity_sweep --recipe tabular/lometab_churn --out docs/results/diversity_sweep
+	$(BIN)/python -m experiments.diversity_over_training --recipe tabular/lometab_churn --out docs/results/diversity_over_training
 
 clean:
 	rm -rf runs lightning_logs .pytest_cache .ruff_cache

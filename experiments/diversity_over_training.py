@@ -15,8 +15,11 @@ line per adapter).
 Example::
 
     python -m experiments.diversity_over_training \\
-        --recipe recipes/tabular/lometab_churn.yaml --compare additive --rank 4 \\
-        --sigma 0.3 --max_epochs 20 --out docs/results/diversity_over_training
+        --recipe tabular/lometab_churn --compare additive --rank 4 \\
+        --sigma 0.3 --max_epochs 20
+
+``--recipe`` takes a shipped recipe's name or a path (default ``tabular/lometab_churn``);
+``--out`` defaults to the repository's ``docs/results/diversity_over_training``, from any folder.
 """
 
 from __future__ import annotations
@@ -42,10 +45,12 @@ from experiments.runs import (
     pick_metrics,
     prepare_recipe,
     quiet_lightning,
+    results_dir,
     run_overrides,
     write_csv,
 )
 
+DEFAULT_RECIPE = "tabular/lometab_churn"
 CSV_NAME = "diversity_over_training.csv"
 PNG_NAME = "diversity_over_training.png"
 
@@ -158,7 +163,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "metric to a CSV and plot them.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    add_run_arguments(parser, "docs/results/diversity_over_training")
+    add_run_arguments(parser, default_recipe=DEFAULT_RECIPE,
+                      default_out=results_dir("diversity_over_training"))
     parser.add_argument("--compare", nargs="+", default=["additive"],
                         help="adapter(s) to compare with the recipe's "
                         "(model.init_args.adapter: additive, lometab, rank1, shared, packed)")

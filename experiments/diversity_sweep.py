@@ -14,8 +14,11 @@ Outputs under ``--out``: ``diversity_sweep.csv`` (one row per cell) and heatmaps
 Example::
 
     python -m experiments.diversity_sweep \\
-        --recipe recipes/tabular/lometab_churn.yaml --ranks 1 2 4 8 16 \\
-        --sigmas 0.1 0.3 1.0 3.0 --max_epochs 5 --out docs/results/diversity_sweep
+        --recipe tabular/lometab_churn --ranks 1 2 4 8 16 \\
+        --sigmas 0.1 0.3 1.0 3.0 --max_epochs 5
+
+``--recipe`` takes a shipped recipe's name or a path (default ``tabular/lometab_churn``);
+``--out`` defaults to the repository's ``docs/results/diversity_sweep``, from any folder.
 """
 
 from __future__ import annotations
@@ -42,10 +45,12 @@ from experiments.runs import (
     pick_metrics,
     prepare_recipe,
     quiet_lightning,
+    results_dir,
     run_overrides,
     write_csv,
 )
 
+DEFAULT_RECIPE = "tabular/lometab_churn"
 CSV_NAME = "diversity_sweep.csv"
 
 
@@ -193,7 +198,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "parameter count and wall time, plus heatmaps.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    add_run_arguments(parser, "docs/results/diversity_sweep")
+    add_run_arguments(parser, default_recipe=DEFAULT_RECIPE, default_out=results_dir("diversity_sweep"))
     parser.add_argument("--ranks", type=int, nargs="+", default=[1, 2, 4, 8, 16],
                         help="adapter ranks (model.init_args.rank)")
     parser.add_argument("--sigmas", type=float, nargs="+", default=[0.1, 0.3, 1.0, 3.0],

@@ -1,6 +1,6 @@
 r"""LOES against its baselines, and GeoReg on and off, on one layer-feature recipe.
 
-Every variant is the recipe (default ``recipes/loes/text_minilm_loes.yaml``: real MiniLM
+Every variant is the recipe (default ``loes/text_minilm_loes``: real MiniLM
 on Rotten Tomatoes, frozen cached features) with overrides, run as ``ripieno fit`` would
 (checkpoint on validation NLL, best checkpoint tested) for each seed. Selection sees only
 the calibration rows of the training split; the test split is used once, by the test.
@@ -14,12 +14,13 @@ weights; reports test accuracy and the test isotropy of the fused embedding.
 scaled by each of ``--scales`` (``scale=0`` is greedy ridge); the summary marks, per K,
 the scale with the best mean validation NLL (never the test split).
 
-Outputs: ``runs.csv`` (one row per variant and seed) and ``summary.md`` (mean ± std).
+Outputs: ``<mode>_runs.csv`` (one row per variant and seed) and ``<mode>_summary.md``
+(mean ± std), under ``--out`` (default: the repository's
+``docs/results/loes_minilm_rotten_tomatoes``, from any folder).
 
 Example::
 
-    python -m experiments.loes_comparison --ks 1 2 3 4 --seeds 0 1 2 \\
-        --out docs/results/loes_minilm_rotten_tomatoes
+    python -m experiments.loes_comparison --recipe loes/text_minilm_loes --ks 1 2 3 4 --seeds 0 1 2
 """
 
 from __future__ import annotations
@@ -32,7 +33,11 @@ from typing import Any
 import pandas as pd
 
 from experiments.recipe_table import markdown_table, run_recipe
-from experiments.runs import normalize_overrides, quiet_lightning
+from experiments.runs import normalize_overrides, quiet_lightning, resolve_recipe, results_dir
+
+#: Default recipe (a shipped name) per ``--mode``.
+DEFAULT_RECIPES = {"selection": "loes/text_minilm_loes", "georeg": "loes/text_minilm_georeg",
+                   "loes_weights": "loes/text_minilm_loes"}
 
 
 def selection_variants(ks: Sequence[int]) -> dict[str, list[str]]:
@@ -103,29 +108,49 @@ def summarise(frame: pd.DataFrame) -> list[dict[str, Any]]:
     return rows
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Run the variants for every seed; write ``runs.csv`` and ``summary.md``."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--mode", choices=["selection", "georeg", "loes_weights"], default="selection")
-    parser.add_argument("--recipe", default=None, help="default: text_minilm_loes.yaml (selection) or"
-                        " text_minilm_georeg.yaml (georeg)")
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parse the command line (see ``--help``); ``args.recipe`` defaults per ``--mode``.
+
+    Args:
+        argv: arguments without the program name (``None``: ``sys.argv[1:]``).
+
+    Returns:
+        The parsed arguments (``args.recipe`` is a name or path that exists).
+    """
+    parser = argparse.ArgumentParser(prog="python -m experiments.loes_comparison",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--mode", choices=list(DEFAULT_RECIPES), default="selection")
+    parser.add_argument("--recipe", default=None,
+                        help="shipped recipe name or recipe YAML path; default: "
+                        + ", ".join(f"{name} ({mode})" for mode, name in DEFAULT_RECIPES.items()))
     parser.add_argument("--ks", type=int, nargs="+", default=[1, 2, 3, 4])
     parser.add_argument("--weights", type=float, nargs="+", default=[0.1, 1.0])
     parser.add_argument("--scales", type=float, nargs="+", default=[0.0, 0.01, 0.03, 0.1, 1.0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--out", default="docs/results/loes_minilm_rotten_tomatoes")
+    parser.add_argument("--out", type=Path, default=results_dir("loes_minilm_rotten_tomatoes"))
     parser.add_argument("--override", action="append", default=[],
                         help="extra --key=value override for every run (repeatable)")
     args = parser.parse_args(argv)
-    recipe = args.recipe or ("recipes/loes/text_minilm_georeg.yaml" if args.mode == "georeg"
-                             else "recipes/loes/text_minilm_loes.yaml")
+    args.recipe = args.recipe or DEFAULT_RECIPES[args.mode]
+    resolve_recipe(parser, args.recipe)  # fail before any run when it does not exist
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the variants for every seed; write ``<mode>_runs.csv`` and ``<mode>_summary.md``.
+
+    Args:
+        argv: command-line arguments (``None``: ``sys.argv[1:]``).
+    """
+    args = parse_args(argv)
+    recipe = args.recipe
     if args.mode == "selection":
         variants = selection_variants(args.ks)
     elif args.mode == "georeg":
         variants = georeg_variants(args.weights)
     else:
         variants = loes_weight_variants(args.ks, args.scales)
-    out = Path(args.out)
+    out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     extra = [*normalize_overrides(args.override), "--data.init_args.progress=false",
              "--data.init_args.scores_path=null"]

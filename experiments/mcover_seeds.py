@@ -1,16 +1,18 @@
 r"""Test-error distributions over seeds: M-cover routing against its baselines.
 
-Every variant is one ``recipes/mcover`` recipe plus overrides, run as ``ripieno fit``
+Every variant is one shipped ``mcover/`` recipe plus overrides, run as ``ripieno fit``
 would (checkpoint on the recipe's validation monitor, best checkpoint tested) for each
 seed. The ring-kernel variants span several ``sigma``; the reported "M-cover (best
 sigma)" picks the ``sigma`` with the best mean *validation* monitor over seeds, never
 the test split. Outputs: ``runs.csv`` (one row per variant and seed), ``summary.md``
 (mean ± std of the test errors per variant) and ``test_error.png`` (per-seed test errors).
 
+``--out`` defaults to the repository's ``docs/results/mcover_<family>``
+(``mcover_mlp_mnist5k``, ``mcover_committee_fashion_mnist``), from any folder.
+
 Example::
 
-    python -m experiments.mcover_seeds --family mlp --seeds 0 1 2 3 4 \\
-        --out docs/results/mcover_mlp_mnist5k
+    python -m experiments.mcover_seeds --family mlp --seeds 0 1 2 3 4
 """
 
 from __future__ import annotations
@@ -25,26 +27,29 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 from experiments.recipe_table import markdown_table, run_recipe
-from experiments.runs import normalize_overrides, quiet_lightning
+from experiments.runs import normalize_overrides, quiet_lightning, resolve_recipe, results_dir
 
-#: family -> (base recipe of the routed model, baselines: label -> (recipe, overrides)).
+#: family -> (base recipe of the routed model, baselines: label -> (recipe, overrides)),
+#: recipes as shipped names; ``out`` is the default output folder under ``docs/results``.
 FAMILIES: dict[str, dict[str, Any]] = {
     "mlp": {
-        "routed": "recipes/mcover/mlp_ring_mnist5k.yaml",
+        "out": "mcover_mlp_mnist5k",
+        "routed": "mcover/mlp_ring_mnist5k",
         "baselines": {
-            "M=1 (plain SGD)": ("recipes/mcover/mlp_plain_sgd_mnist5k.yaml", []),
-            "independent (diagonal Q)": ("recipes/mcover/mlp_independent_mnist5k.yaml", []),
-            "replicated SGD": ("recipes/mcover/mlp_replicated_sgd_mnist5k.yaml", []),
-            "EASGD": ("recipes/mcover/mlp_easgd_mnist5k.yaml", []),
+            "M=1 (plain SGD)": ("mcover/mlp_plain_sgd_mnist5k", []),
+            "independent (diagonal Q)": ("mcover/mlp_independent_mnist5k", []),
+            "replicated SGD": ("mcover/mlp_replicated_sgd_mnist5k", []),
+            "EASGD": ("mcover/mlp_easgd_mnist5k", []),
         },
     },
     "committee": {
-        "routed": "recipes/mcover/committee_ring_fashion_mnist.yaml",
+        "out": "mcover_committee_fashion_mnist",
+        "routed": "mcover/committee_ring_fashion_mnist",
         "baselines": {
-            "M=1 (plain SGD)": ("recipes/mcover/committee_plain_sgd_fashion_mnist.yaml", []),
-            "independent (diagonal Q)": ("recipes/mcover/committee_ring_fashion_mnist.yaml",
+            "M=1 (plain SGD)": ("mcover/committee_plain_sgd_fashion_mnist", []),
+            "independent (diagonal Q)": ("mcover/committee_ring_fashion_mnist",
                                          ["--model.init_args.kernel=diagonal"]),
-            "replicated SGD": ("recipes/mcover/committee_replicated_sgd_fashion_mnist.yaml", []),
+            "replicated SGD": ("mcover/committee_replicated_sgd_fashion_mnist", []),
         },
     },
 }
@@ -102,13 +107,22 @@ def plot(frame: pd.DataFrame, path: Path, title: str) -> None:
     figure.savefig(path, dpi=120)
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Run every variant for every seed; write ``runs.csv``, ``summary.md``, ``test_error.png``."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parse the command line (see ``--help``); ``--out`` defaults per ``--family``.
+
+    Args:
+        argv: arguments without the program name (``None``: ``sys.argv[1:]``).
+
+    Returns:
+        The parsed arguments; every recipe of the family is known to exist.
+    """
+    parser = argparse.ArgumentParser(prog="python -m experiments.mcover_seeds",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("--family", choices=sorted(FAMILIES), default="mlp")
     parser.add_argument("--sigmas", type=float, nargs="+", default=[0.5, 1.0, 2.0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
-    parser.add_argument("--out", default="docs/results/mcover_mlp_mnist5k")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="output folder; default: docs/results/mcover_<family> in the repository")
     parser.add_argument("--override", action="append", default=[],
                         help="extra --key=value override for every run (repeatable)")
     parser.add_argument("--from-csv", action="store_true",
@@ -116,7 +130,21 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if len(args.seeds) < 1:
         parser.error("--seeds needs at least one seed")
-    out = Path(args.out)
+    if args.out is None:
+        args.out = results_dir(FAMILIES[args.family]["out"])
+    for recipe, _ in variants(args.family, args.sigmas).values():
+        resolve_recipe(parser, recipe)  # fail before any run when one does not exist
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run every variant for every seed; write ``runs.csv``, ``summary.md``, ``test_error.png``.
+
+    Args:
+        argv: command-line arguments (``None``: ``sys.argv[1:]``).
+    """
+    args = parse_args(argv)
+    out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     extra = normalize_overrides(args.override)
     if args.from_csv:

@@ -23,10 +23,10 @@ up to its spinodal ``~ 1.49``), and the Bayes-optimal error on the same branch.
 Outputs under ``--out``: ``results.csv`` (one row per run), ``summary.md`` (mean +- std
 per method and alpha, with the references) and ``gen_error_vs_alpha.png``.
 
-Example (about 5 minutes on 2 CPU cores)::
+Example (about 5 minutes on 2 CPU cores; ``--out`` defaults to the repository's
+``docs/results/mcover_perceptron``, from any folder)::
 
-    python -m experiments.perceptron_alpha --n 500 --alphas 0.5 1.0 1.5 2.0 \\
-        --seeds 3 --out docs/results/mcover_perceptron
+    python -m experiments.perceptron_alpha --n 500 --alphas 0.5 1.0 1.5 2.0 --seeds 3
 """
 
 from __future__ import annotations
@@ -102,7 +102,6 @@ def spinodal(lo: float = 1.0, hi: float = 2.0, tol: float = 1e-3) -> float:
 # ------------------------------------------------------------------------- runs
 def run_one(task: dict[str, Any]) -> dict[str, Any]:
     """Anneal one (method, alpha, seed) and return its result row."""
-    torch.set_num_threads(1)
     method, alpha, seed, n, m = task["method"], task["alpha"], task["seed"], task["n"], task["m"]
     data_seed = 1_000 * seed + round(1_000 * alpha)
     data_generator = torch.Generator().manual_seed(data_seed)
@@ -138,13 +137,27 @@ def run_one(task: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _one_torch_thread() -> None:
+    """Pool initializer: each worker process computes on one core."""
+    torch.set_num_threads(1)
+
+
 def run_all(tasks: Sequence[dict[str, Any]], workers: int) -> list[dict[str, Any]]:
-    """Run tasks (most expensive first) in ``workers`` processes; rows in task order."""
+    """Run tasks (most expensive first) in ``workers`` processes; rows in task order.
+
+    Every task computes with one torch thread; with ``workers <= 1`` they run in this
+    process, whose thread count is restored afterwards.
+    """
     order = sorted(range(len(tasks)), key=lambda i: -tasks[i]["m"] * tasks[i]["alpha"])
     if workers <= 1:
-        done = [run_one(tasks[i]) for i in order]
+        threads = torch.get_num_threads()
+        _one_torch_thread()
+        try:
+            done = [run_one(tasks[i]) for i in order]
+        finally:
+            torch.set_num_threads(threads)
     else:
-        with multiprocessing.get_context("fork").Pool(workers) as pool:
+        with multiprocessing.get_context("fork").Pool(workers, initializer=_one_torch_thread) as pool:
             done = pool.map(run_one, [tasks[i] for i in order], chunksize=1)
     rows: list[dict[str, Any]] = [{}] * len(tasks)
     for i, row in zip(order, done, strict=True):
@@ -259,6 +272,8 @@ def write_plot(path: Path, rows: Sequence[dict[str, Any]]) -> None:
 # -------------------------------------------------------------------------- CLI
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Command-line options (defaults: the documented experiment)."""
+    from experiments.runs import results_dir
+
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--n", type=int, default=500, help="inputs N")
@@ -276,7 +291,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--n_blocks", type=int, default=5, help="mcover: input blocks (routing slots)")
     p.add_argument("--resample_every", type=int, default=20, help="mcover: sweeps per permutation")
     p.add_argument("--workers", type=int, default=2, help="processes (one core each)")
-    p.add_argument("--out", type=Path, default=Path("docs/results/mcover_perceptron"))
+    p.add_argument("--out", type=Path, default=results_dir("mcover_perceptron"))
     args = p.parse_args(argv)
     if args.n < 2 or args.seeds < 1 or args.m < 2 or args.sweeps < 2 or min(args.alphas) <= 0:
         p.error("need n >= 2, seeds >= 1, m >= 2, sweeps >= 2 and alphas > 0")

@@ -7,54 +7,60 @@ and a markdown table (for the README).
 
 Example::
 
-    python -m experiments.recipe_table --recipes recipes/tabular/*_churn.yaml \\
-        --seeds 0 1 --out docs/results/tabular_recipes
+    python -m experiments.recipe_table --recipes tabular/mlp_churn tabular/tabm_churn \\
+        tabular/lometab_churn --seeds 0 1
+
+``--recipes`` takes shipped recipe names or paths; ``--out`` defaults to the repository's
+``docs/results/tabular_recipes``, from any folder.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 import pandas as pd
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from experiments.runs import normalize_overrides, quiet_lightning
-from ripieno.framework.cli import RipienoCLI
+from experiments.runs import make_cli, normalize_overrides, quiet_lightning, resolve_recipe, results_dir
+from ripieno.framework.recipes import find_recipe
 
 
-def run_recipe(recipe: str, seed: int, out: Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
+def run_recipe(recipe: str | Path, seed: int, out: Path, overrides: Sequence[str] = ()) -> dict[str, Any]:
     """Fit one recipe with one seed, test its best checkpoint, return the row.
 
+    The run's ``trainer.default_root_dir`` is ``out/<recipe stem>/seed<seed>``; as with
+    ``ripieno fit``, its CSV logs (and checkpoints) go to ``logs/version_N`` inside it.
+
     Args:
-        recipe: recipe YAML path.
+        recipe: a shipped recipe's name or a recipe YAML path.
         seed: ``seed_everything`` value.
-        out: root folder for logs and checkpoints of this run.
+        out: folder of the runs (each recipe and seed gets its own folder inside).
         overrides: extra ``--key=value`` CLI overrides.
 
     Returns:
-        ``recipe``, ``seed``, every ``test/*`` and ``diversity/test/*`` metric, ``best_epoch``,
-        ``val_monitor`` (the checkpoint's monitored validation value at that epoch),
-        ``epochs``, ``n_params`` and ``wall_time_s``.
+        ``recipe`` (the file's stem), ``seed``, every ``test/*`` and ``diversity/test/*``
+        metric, ``best_epoch``, ``val_monitor`` (the checkpoint's monitored validation value
+        at that epoch), ``epochs``, ``n_params`` and ``wall_time_s``.
+
+    Raises:
+        RecipeNotFoundError: if the recipe is neither a file nor a shipped recipe.
     """
     start = time.perf_counter()
-    root = out / Path(recipe).stem / f"seed{seed}"
-    args = ["--config", recipe, f"--seed_everything={seed}", f"--trainer.default_root_dir={root}",
-            f"--trainer.logger.init_args.save_dir={root}", "--trainer.enable_progress_bar=false",
-            "--trainer.enable_model_summary=false", *overrides]
-    with mock.patch.object(sys, "argv", sys.argv[:1]):
-        cli = RipienoCLI(args=args, run=False, save_config_callback=None)
+    path = find_recipe(recipe)
+    root = out / path.stem / f"seed{seed}"
+    cli = make_cli(["--config", str(path), f"--seed_everything={seed}", f"--trainer.default_root_dir={root}",
+                    "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
+                    *overrides])
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     checkpoint = next(c for c in cli.trainer.callbacks if isinstance(c, ModelCheckpoint))
     results = cli.trainer.test(cli.model, datamodule=cli.datamodule,
                                ckpt_path=checkpoint.best_model_path or None, verbose=False)[0]
     best = Path(checkpoint.best_model_path).stem  # "best-epoch=NN"
-    row: dict[str, Any] = {"recipe": Path(recipe).stem, "seed": seed}
+    row: dict[str, Any] = {"recipe": path.stem, "seed": seed}
     row.update({name: round(float(value), 6) for name, value in sorted(results.items())
                 if name != "test/loss"})
     row["best_epoch"] = int(best.split("=")[-1]) if "=" in best else -1
@@ -82,23 +88,35 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parse the command line (see ``--help``); ``args.recipes`` become recipe files.
+
+    Args:
+        argv: arguments without the program name (``None``: ``sys.argv[1:]``).
+
+    Returns:
+        The parsed arguments.
+    """
+    parser = argparse.ArgumentParser(prog="python -m experiments.recipe_table",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--recipes", nargs="+", required=True,
+                        help="shipped recipe names (as listed by `ripieno recipes`) or recipe YAML paths")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="seeds per recipe")
+    parser.add_argument("--out", type=Path, default=results_dir("tabular_recipes"))
+    parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                        help="extra CLI override for every run, repeatable")
+    args = parser.parse_args(argv)
+    args.recipes = [resolve_recipe(parser, recipe) for recipe in args.recipes]
+    return args
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run every recipe for every seed; write ``recipe_table.csv`` and ``recipe_table.md``.
 
     Args:
         argv: command-line arguments (``None``: ``sys.argv[1:]``).
     """
-    parser = argparse.ArgumentParser(prog="python -m experiments.recipe_table",
-                                     description=__doc__.splitlines()[0])
-    parser.add_argument("--recipes", nargs="+", required=True, help="recipe YAML files")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="seeds per recipe")
-    parser.add_argument("--out", type=Path, default=Path("docs/results/tabular_recipes"))
-    parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
-                        help="extra CLI override for every run, repeatable")
-    args = parser.parse_args(argv)
-    missing = [r for r in args.recipes if not Path(r).is_file()]
-    if missing:
-        parser.error(f"recipe(s) not found: {missing}")
+    args = parse_args(argv)
     rows: list[dict[str, Any]] = []
     with quiet_lightning():
         for recipe in args.recipes:

@@ -10,6 +10,13 @@ changes that make repeated in-process runs clean and comparable:
   progress bar or model summary, no sanity check;
 * a ``DiversityMonitor`` (added when the recipe has none) and a
   :class:`ValidationRecorder` that keeps every validation's metrics.
+
+Recipes are found as ``ripieno fit -c`` finds them (a shipped name such as
+``tabular/lometab_churn`` or a path, see :func:`ripieno.framework.recipes.find_recipe`), the
+command line is handed to ``RipienoCLI`` through its ``args`` parameter (``sys.argv`` is never
+touched), and default outputs go under the repository's ``docs/results`` whatever the current
+folder is. Importing this module changes nothing in the process (environment, warnings,
+threads); notices are silenced only while a run is built or inside :func:`quiet_lightning`.
 """
 
 from __future__ import annotations
@@ -19,22 +26,19 @@ import contextlib
 import csv
 import logging
 import os
-import sys
 import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
-from unittest import mock
 
 import lightning as L
 import yaml
 from lightning.pytorch.callbacks import Callback
 
-os.environ.setdefault("JSONARGPARSE_DEPRECATION_WARNINGS", "off")
-
-from ripieno.callbacks.diversity_monitor import DiversityMonitor  # noqa: E402
-from ripieno.framework.cli import RipienoCLI  # noqa: E402
+from ripieno.callbacks.diversity_monitor import DiversityMonitor
+from ripieno.framework.cli import RipienoCLI
+from ripieno.framework.recipes import RecipeNotFoundError, find_recipe
 
 TaskFamily = Literal["classification", "regression"]
 
@@ -53,6 +57,9 @@ SELECTION_METRIC: dict[TaskFamily, str] = {"classification": "nll", "regression"
 #: Callbacks dropped from recipes: they need checkpoints or would stop runs unevenly.
 DROPPED_CALLBACKS = ("ModelCheckpoint", "EarlyStopping")
 
+RESULTS_DIR = Path(__file__).resolve().parents[1] / "docs" / "results"
+"""The repository's ``docs/results``: default home of every experiment's outputs."""
+
 _QUIET_LOGGERS = ("lightning.pytorch", "lightning.fabric", "lightning")
 _NOISY_WARNINGS = (
     ".*does not have many workers.*",
@@ -62,6 +69,34 @@ _NOISY_WARNINGS = (
 
 
 # ----------------------------------------------------------------------- recipes
+def results_dir(name: str) -> Path:
+    """Default output folder of an experiment: ``docs/results/<name>`` in the repository.
+
+    Args:
+        name: the experiment's folder under ``docs/results``.
+
+    Returns:
+        An absolute path, the same from any current folder.
+    """
+    return RESULTS_DIR / name
+
+
+def resolve_recipe(parser: argparse.ArgumentParser, recipe: str | Path) -> Path:
+    """The file of a ``--recipe`` value (shipped name or path); ``parser.error`` if none.
+
+    Args:
+        parser: the experiment's parser (reports the error and exits).
+        recipe: a shipped recipe's name (``tabular/lometab_churn``) or a path to a YAML file.
+
+    Returns:
+        The recipe file.
+    """
+    try:
+        return find_recipe(recipe)
+    except RecipeNotFoundError as error:
+        parser.error(str(error))
+
+
 def prepare_recipe(recipe: str | Path) -> str:
     """Read a recipe and return it as YAML text ready for repeated in-process runs.
 
@@ -70,18 +105,16 @@ def prepare_recipe(recipe: str | Path) -> str:
     else is kept as written.
 
     Args:
-        recipe: path of a ripieno recipe (a LightningCLI config file).
+        recipe: a shipped recipe's name or the path of a recipe (a LightningCLI config file).
 
     Returns:
         The edited config as YAML text (``RipienoCLI`` accepts it for ``--config``).
 
     Raises:
-        FileNotFoundError: if the recipe does not exist.
+        RecipeNotFoundError: if the recipe is neither a file nor a shipped recipe.
         ValueError: if the recipe is not a YAML mapping.
     """
-    path = Path(recipe)
-    if not path.is_file():
-        raise FileNotFoundError(f"Recipe {str(path)!r} does not exist.")
+    path = find_recipe(recipe)
     config = yaml.safe_load(path.read_text())
     if not isinstance(config, dict):
         raise ValueError(f"Recipe {str(path)!r} is not a YAML mapping.")
@@ -103,19 +136,22 @@ def _callback_name(entry: Any) -> str:  # noqa: ANN401
     return str(class_path).rsplit(".", 1)[-1]
 
 
-def add_run_arguments(parser: argparse.ArgumentParser, default_out: str) -> None:
+def add_run_arguments(parser: argparse.ArgumentParser, *, default_recipe: str, default_out: Path) -> None:
     """Add the options every experiment shares: recipe, epochs, seed, output, overrides.
 
     Args:
         parser: the experiment's parser.
-        default_out: default output folder.
+        default_recipe: default ``--recipe`` (a shipped recipe's name).
+        default_out: default output folder (see :func:`results_dir`).
     """
-    parser.add_argument("--recipe", required=True, help="recipe YAML (a LoMETab/additive one)")
+    parser.add_argument("--recipe", default=default_recipe,
+                        help="shipped recipe name (as listed by `ripieno recipes`) or path to a "
+                        "recipe YAML (a LoMETab/additive one)")
     parser.add_argument("--max_epochs", type=int, default=None,
                         help="training epochs per run; None = the recipe's")
     parser.add_argument("--seed", type=int, default=None,
                         help="seed_everything for every run; None = the recipe's")
-    parser.add_argument("--out", type=Path, default=Path(default_out),
+    parser.add_argument("--out", type=Path, default=default_out,
                         help="output folder for the CSV and PNGs")
     parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                         help="extra RipienoCLI override for every run, repeatable, e.g. "
@@ -124,9 +160,13 @@ def add_run_arguments(parser: argparse.ArgumentParser, default_out: str) -> None
 
 
 def check_run_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Reject option values that cannot run (``parser.error`` exits with a message)."""
+    """Reject option values that cannot run (``parser.error`` exits with a message).
+
+    Also replaces ``args.recipe`` by its file (see :func:`resolve_recipe`).
+    """
     if args.max_epochs is not None and args.max_epochs < 1:
         parser.error("--max_epochs must be >= 1")
+    args.recipe = resolve_recipe(parser, args.recipe)
 
 
 def normalize_overrides(overrides: Sequence[str] | None) -> list[str]:
@@ -170,6 +210,32 @@ def run_overrides(
 
 
 # -------------------------------------------------------------------------- runs
+def make_cli(args: Sequence[str]) -> RipienoCLI:
+    """Build (not run) ``RipienoCLI`` from a whole command line, as ``ripieno fit`` would.
+
+    The command line goes through ``args``; ``sys.argv`` (the experiment's own) is left
+    alone. jsonargparse's deprecation notices (unless ``JSONARGPARSE_DEPRECATION_WARNINGS``
+    is set) and Lightning's notice about ``args`` next to a non-empty ``sys.argv`` are
+    silenced for this call only.
+
+    Args:
+        args: ``--config FILE_OR_YAML`` and ``--key=value`` overrides (no subcommand).
+
+    Returns:
+        The CLI, with its ``model``, ``datamodule`` and ``trainer`` instantiated.
+    """
+    name = "JSONARGPARSE_DEPRECATION_WARNINGS"
+    unset = name not in os.environ
+    os.environ.setdefault(name, "off")
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
+            return RipienoCLI(args=list(args), run=False, save_config_callback=None)
+    finally:
+        if unset:
+            os.environ.pop(name, None)
+
+
 class ValidationRecorder(Callback):
     """Keep the validation metrics of every validation run, fit-time or standalone.
 
@@ -249,11 +315,7 @@ def build_run(config_text: str, overrides: Sequence[str]) -> Run:
     Raises:
         ValueError: if the configured callbacks include no ``DiversityMonitor``.
     """
-    args = ["--config", config_text, *overrides]
-    # ``args`` is the whole command line: hide the experiment's own sys.argv from
-    # LightningCLI (it warns when both are present).
-    with mock.patch.object(sys, "argv", sys.argv[:1]):
-        cli = RipienoCLI(args=args, run=False, save_config_callback=None)
+    cli = make_cli(["--config", config_text, *overrides])
     monitor = next((c for c in cli.trainer.callbacks if isinstance(c, DiversityMonitor)), None)
     if monitor is None:
         raise ValueError("The run has no DiversityMonitor callback; keep one in trainer.callbacks.")

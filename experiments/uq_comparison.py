@@ -9,27 +9,28 @@ Laplace (laplace-torch, last layer, kron, when installed) and a deep ensemble of
 VARROC-ID, VARROC-OOD and the method's seconds (preparation + test). Output: CSV and
 markdown.
 
+``--recipe`` takes a shipped recipe's name or a path (default ``uq/ll_glm_fashion_mnist``);
+``--out`` defaults to the repository's ``docs/results/uq_fashion_mnist``, from any folder.
+
 Example::
 
-    python -m experiments.uq_comparison --recipe recipes/uq/ll_glm_fashion_mnist.yaml \\
-        --max_epochs 5 --override data.init_args.max_train_rows=3000 --out docs/results/uq_fashion_mnist
+    python -m experiments.uq_comparison --recipe uq/ll_glm_fashion_mnist --max_epochs 5 \\
+        --override data.init_args.max_train_rows=3000
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
-import sys
 import time
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 import lightning as L
 import pandas as pd
 from lightning.pytorch.callbacks import Callback
 
-from experiments.runs import normalize_overrides, quiet_lightning
+from experiments.runs import make_cli, normalize_overrides, quiet_lightning, resolve_recipe, results_dir
 from ripieno.callbacks import (
     DeepEnsembleSampler,
     LaplaceSampler,
@@ -39,26 +40,26 @@ from ripieno.callbacks import (
 )
 from ripieno.framework.cli import RipienoCLI
 
+DEFAULT_RECIPE = "uq/ll_glm_fashion_mnist"
 GRID = [0.01, 0.1, 1.0, 10.0, 100.0, 1000.0]
 COLUMNS = {"uq/test/accuracy": "accuracy", "uq/test/ece": "ece", "uq/test/nll": "nll", "uq/test/lppd": "lppd",
            "uq/test/varroc_id": "varroc_id", "uq/test/varroc_ood": "varroc_ood",
            "uq/prior_precision": "prior_precision"}
 
 
-def train(recipe: str, seed: int, root: Path, overrides: list[str], callbacks: list[Callback]) -> Any:  # noqa: ANN401
+def train(recipe: Path, seed: int, root: Path, overrides: list[str], callbacks: list[Callback]) -> RipienoCLI:
     """Fit the recipe's model with ``seed`` (no checkpoint callbacks: the last weights count)."""
-    args = ["--config", recipe, f"--seed_everything={seed}", f"--trainer.default_root_dir={root}",
-            "--trainer.logger=false", "--trainer.enable_progress_bar=false",
-            "--trainer.enable_model_summary=false", "--trainer.callbacks=[]",
-            "--trainer.enable_checkpointing=false", "--test_after_fit=false", *overrides]
-    with mock.patch.object(sys, "argv", sys.argv[:1]):
-        cli = RipienoCLI(args=args, run=False, save_config_callback=None)
+    cli = make_cli(["--config", str(recipe), f"--seed_everything={seed}",
+                    f"--trainer.default_root_dir={root}", "--trainer.logger=false",
+                    "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
+                    "--trainer.callbacks=[]",
+                    "--trainer.enable_checkpointing=false", "--test_after_fit=false", *overrides])
     cli.trainer.callbacks.extend(callbacks)
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     return cli
 
 
-def evaluate(cli: Any, name: str, callback: Callback | None, root: Path) -> dict[str, Any]:  # noqa: ANN401
+def evaluate(cli: RipienoCLI, name: str, callback: Callback | None, root: Path) -> dict[str, Any]:
     """Test the trained module with one method's callback; the row of the table."""
     trainer = L.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False,
                         default_root_dir=root, callbacks=[callback] if callback is not None else [])
@@ -79,18 +80,37 @@ def evaluate(cli: Any, name: str, callback: Callback | None, root: Path) -> dict
     return row
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Train, evaluate every method, write ``uq_comparison.csv`` and ``.md``."""
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parse the command line (see ``--help``); ``args.recipe`` becomes the recipe file.
+
+    Args:
+        argv: arguments without the program name (``None``: ``sys.argv[1:]``).
+
+    Returns:
+        The parsed arguments.
+    """
     parser = argparse.ArgumentParser(prog="python -m experiments.uq_comparison",
                                      description=__doc__.splitlines()[0])
-    parser.add_argument("--recipe", default="recipes/uq/ll_glm_fashion_mnist.yaml")
+    parser.add_argument("--recipe", default=DEFAULT_RECIPE,
+                        help="shipped recipe name (as listed by `ripieno recipes`) or recipe YAML path")
     parser.add_argument("--max_epochs", type=int, default=5)
     parser.add_argument("--samples", type=int, default=10, help="S for every sampling method")
     parser.add_argument("--members", type=int, default=5, help="deep-ensemble size M")
     parser.add_argument("--dnn_iters", type=int, default=10, help="CG iterations of DNN-GLM")
-    parser.add_argument("--out", type=Path, default=Path("docs/results/uq_fashion_mnist"))
+    parser.add_argument("--out", type=Path, default=results_dir("uq_fashion_mnist"))
     parser.add_argument("--override", action="append", default=[], metavar="KEY=VALUE")
     args = parser.parse_args(argv)
+    args.recipe = resolve_recipe(parser, args.recipe)
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Train, evaluate every method, write ``uq_comparison.csv`` and ``.md``.
+
+    Args:
+        argv: command-line arguments (``None``: ``sys.argv[1:]``).
+    """
+    args = parse_args(argv)
     overrides = [f"--trainer.max_epochs={args.max_epochs}", *normalize_overrides(args.override)]
     root = args.out / "runs"
     s, ood = args.samples, 1

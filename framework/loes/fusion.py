@@ -17,17 +17,14 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-import lightning as L
 import torch
-import torch.nn.functional as F
-import torchmetrics
 from torch import Tensor, nn
 
 from ripieno.framework.loes.features import _frame_mask, hidden_states, load_pretrained_backbone, pool
 from ripieno.framework.loes.scalar_mix import ScalarMix
 from ripieno.framework.loes.spec import LayerFeatureSpec
-from ripieno.framework.methods.loss_terms import LossTermsMixin
-from ripieno.framework.methods.rng_state import RNGStateMixin
+from ripieno.framework.members import PredictOutput, StepOutput, member_probabilities
+from ripieno.framework.methods.member_module import MemberModule
 
 HeadKind = Literal["fusion", "scalar_mix", "linear"]
 
@@ -78,11 +75,11 @@ class LayerFusionHead(nn.Module):
         return self.classifier(self.dropout(z)), z
 
 
-class FusionClassifier(LossTermsMixin, RNGStateMixin, L.LightningModule):
+class FusionClassifier(MemberModule):
     """Classifier on selected intermediate layers of a pretrained model.
 
-    Logs ``{val,test}/accuracy`` and ``/nll``; ``train/loss`` includes registered loss
-    terms (GeoReg).
+    Logs the ``MemberModule`` metrics (``{val,test}/accuracy``, ``/nll``, ...); ``train/loss``
+    includes registered loss terms (GeoReg).
 
     Args:
         data_spec: the ``LayerFeatureSpec`` (or dict); linked from ``data.spec`` by the CLI.
@@ -97,7 +94,6 @@ class FusionClassifier(LossTermsMixin, RNGStateMixin, L.LightningModule):
     """
 
     task = "multiclass"
-    member_output_kind = "logits"
 
     def __init__(self, data_spec: LayerFeatureSpec | dict[str, Any], head: HeadKind = "fusion",
                  d_proj: int = 128, dropout: float = 0.1, lr: float = 1e-3, weight_decay: float = 1e-2,
@@ -115,9 +111,7 @@ class FusionClassifier(LossTermsMixin, RNGStateMixin, L.LightningModule):
         self.backbone = load_pretrained_backbone(spec.backbone_dir) if finetune_backbone else None
         if self.backbone is not None:
             self.backbone.train()  # from_pretrained returns eval mode; fine-tuning wants its dropout
-        self.metrics = nn.ModuleDict({stage: nn.ModuleDict({
-            "accuracy": torchmetrics.Accuracy(task="multiclass", num_classes=spec.n_classes),
-            "nll": torchmetrics.MeanMetric()}) for stage in ("val_", "test_")})
+        self.init_members("logits", spec.n_classes)
 
     def layers(self, batch: dict[str, Tensor]) -> Tensor:
         """The selected layers' embeddings ``(B, K, D)``: cached, or pooled live."""
@@ -133,57 +127,27 @@ class FusionClassifier(LossTermsMixin, RNGStateMixin, L.LightningModule):
         """``(logits, fused embedding)`` of a batch."""
         return self.head(self.layers(batch))
 
-    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> dict[str, Tensor]:
-        """Cross-entropy plus registered loss terms; ``features`` is the fused embedding."""
+    def forward_members(self, batch: dict[str, Tensor]) -> Tensor:
+        """Logits as one member, ``(B, 1, C)``."""
+        return self(batch)[0][:, None]
+
+    def step(self, batch: dict[str, Tensor], stage: str) -> StepOutput:
+        """Cross-entropy; ``features`` is the fused embedding (what GeoReg regularises)."""
         logits, z = self(batch)
-        out = {"loss": F.cross_entropy(logits.float(), batch["y"]), "features": z,
-               "member_outputs": logits.detach()[:, None], "target": batch["y"]}
-        out["loss"] = out["loss"] + self.registered_loss_terms(batch, out)
-        self.log("train/loss", out["loss"], prog_bar=True, on_step=True, on_epoch=True,
-                 batch_size=len(batch["y"]))
-        out["features"] = z.detach()
-        return out
+        members = logits[:, None]
+        return {"loss": self.member_loss(members, batch["y"]), "member_outputs": members,
+                "target": batch["y"], "features": z}
 
-    def on_validation_epoch_start(self) -> None:
-        """Fresh metric states."""
-        for metric in self.metrics["val_"].values():
-            metric.reset()
-
-    def on_test_epoch_start(self) -> None:
-        """Fresh metric states."""
-        for metric in self.metrics["test_"].values():
-            metric.reset()
-
-    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> dict[str, Tensor]:
-        """Accuracy and NLL on the validation split."""
-        return self._eval_step(batch, "val")
-
-    def test_step(self, batch: dict[str, Tensor], batch_idx: int) -> dict[str, Tensor]:
-        """Accuracy and NLL on the test split."""
-        return self._eval_step(batch, "test")
-
-    def predict_step(self, batch: dict[str, Tensor], batch_idx: int) -> dict[str, Tensor]:
-        """Class probabilities ``prediction (B, C)`` and the fused embedding ``features``."""
+    def predict_step(self, batch: dict[str, Tensor], batch_idx: int,
+                     dataloader_idx: int = 0) -> PredictOutput:
+        """Class probabilities ``prediction (B, C)``, ``member_predictions`` and ``features``."""
         logits, z = self(batch)
-        return {"prediction": torch.softmax(logits.float(), -1), "features": z}
+        members = member_probabilities(logits[:, None], "logits")
+        return {"prediction": members.mean(1), "member_predictions": members, "features": z}  # type: ignore[typeddict-unknown-key]
 
-    def _eval_step(self, batch: dict[str, Tensor], stage: str) -> dict[str, Tensor]:
-        logits, z = self(batch)
-        y = batch["y"]
-        probs = torch.softmax(logits.float(), -1)
-        metrics = self.metrics[f"{stage}_"]
-        metrics["accuracy"].update(probs, y)
-        metrics["nll"].update(-probs.gather(1, y[:, None]).clamp_min(1e-12).log())
-        loss = F.cross_entropy(logits.float(), y)
-        self.log(f"{stage}/loss", loss, batch_size=len(y), sync_dist=True)
-        for name, metric in metrics.items():
-            self.log(f"{stage}/{name}", metric, prog_bar=name == "accuracy")
-        return {"loss": loss, "features": z.detach(), "member_outputs": logits.detach()[:, None], "target": y}
-
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        """AdamW; the backbone (when fine-tuned) at its own learning rate."""
-        hp = self.hparams
-        groups = [{"params": self.head.parameters(), "lr": hp.lr}]
+    def optimizer_parameters(self) -> list[dict[str, Any]]:
+        """The head at ``lr``; the backbone (when fine-tuned) at ``backbone_lr``."""
+        groups = [{"params": self.head.parameters(), "lr": self.hparams.lr}]
         if self.backbone is not None:
-            groups.append({"params": self.backbone.parameters(), "lr": hp.backbone_lr})
-        return torch.optim.AdamW(groups, weight_decay=hp.weight_decay)
+            groups.append({"params": self.backbone.parameters(), "lr": self.hparams.backbone_lr})
+        return groups

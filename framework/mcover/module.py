@@ -22,24 +22,26 @@ each copy is its own network, and the module logs
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import Any, Literal
 
-import lightning as L
 import torch
 import torchmetrics
 from torch import Tensor, nn
+from torchmetrics import Metric, MetricCollection
 
 from ripieno.framework.image_spec import ImageSpec
 from ripieno.framework.mcover.kernels import KernelKind, make_kernel
 from ripieno.framework.mcover.permutations import MAX_EXACT_M, PermutationBank, SamplerKind
 from ripieno.framework.mcover.routed_mlp import Activation, Head, RoutedMLP, copy_cross_entropy
-from ripieno.framework.methods.loss_terms import LossTermsMixin
-from ripieno.framework.methods.rng_state import RNGStateMixin
+from ripieno.framework.members import PredictOutput, StepOutput
+from ripieno.framework.methods.member_module import MemberModule
+from ripieno.framework.metrics.uq import PredictiveNLL
 
 Routing = Literal["exact", "block_message"]
 
 
-class MCoverClassifier(LossTermsMixin, RNGStateMixin, L.LightningModule):
+class MCoverClassifier(MemberModule):
     """M-cover routed classifier on flattened inputs (images from ``ImageDataModule``).
 
     Args:
@@ -66,7 +68,6 @@ class MCoverClassifier(LossTermsMixin, RNGStateMixin, L.LightningModule):
     """
 
     task = "multiclass"
-    member_output_kind = "logits"
 
     def __init__(
         self,
@@ -114,21 +115,20 @@ class MCoverClassifier(LossTermsMixin, RNGStateMixin, L.LightningModule):
         self.register_buffer("bank_perms", bank.perms)  # persistent: checkpoints carry the bank
         self._collapse_parameters: list[Tensor] | None = None
         self.__dict__["_collapsed"] = None  # a cache, not a submodule: kept out of state_dict
-        self.metrics = nn.ModuleDict({stage: self._make_metrics(spec.n_classes, head)
-                                      for stage in ("val_", "test_")})
+        self.init_members("logits", spec.n_classes)
 
-    @staticmethod
-    def _make_metrics(n_classes: int, head: str) -> nn.ModuleDict:
-        metrics = {
-            "accuracy": torchmetrics.Accuracy(task="multiclass", num_classes=n_classes),
-            "nll": torchmetrics.MeanMetric(),
-            "collapsed_accuracy": torchmetrics.Accuracy(task="multiclass", num_classes=n_classes),
-            "collapsed_nll": torchmetrics.MeanMetric(),
+    def build_metrics(self) -> dict[str, Metric]:
+        """The copy average's metrics, the collapsed predictor's and the copies' own accuracy."""
+        n = self.spec.n_classes
+        metrics = super().build_metrics()
+        metrics |= {
+            "collapsed_accuracy": torchmetrics.Accuracy(task="multiclass", num_classes=n, average="micro"),
+            "collapsed_nll": PredictiveNLL(input_kind="logits"),
             "copy_accuracy": torchmetrics.MeanMetric(),
         }
-        if head == "committee":
+        if self.hparams.head == "committee":
             metrics["vote_accuracy"] = torchmetrics.MeanMetric()
-        return nn.ModuleDict(metrics)
+        return metrics
 
     # ------------------------------------------------------------------- routing
     @property
@@ -171,78 +171,68 @@ class MCoverClassifier(LossTermsMixin, RNGStateMixin, L.LightningModule):
         """Outputs of every copy ``(B, M, C)``; no routing unless ``routing`` is given."""
         return self.net(x, routing)
 
-    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> dict[str, Tensor]:
-        """Sum of the copies' routed cross-entropies plus every registered loss term."""
-        logits = self.net(batch["x"], self.routing_for_step(self.global_step))
-        out = {"loss": copy_cross_entropy(logits, batch["y"]), "member_outputs": logits.detach(),
-               "target": batch["y"]}
-        out["loss"] = out["loss"] + self.registered_loss_terms(batch, out)
-        self.log("train/loss", out["loss"], prog_bar=True, on_step=True, on_epoch=True,
-                 batch_size=len(batch["y"]))
+    def forward_members(self, batch: dict[str, Tensor]) -> Tensor:
+        """Every copy's logits without routing, ``(B, M, C)``: each copy is its own network."""
+        return self.net(batch["x"])
+
+    def member_loss(self, member_outputs: Tensor, target: Tensor) -> Tensor:
+        """Sum over copies of each copy's cross-entropy (``copy_cross_entropy``)."""
+        return copy_cross_entropy(member_outputs.float(), target)
+
+    def step(self, batch: dict[str, Tensor], stage: str) -> StepOutput:
+        """Training routes through the bank in force; evaluation adds the collapsed predictor's logits."""
+        if stage == "train":
+            logits = self.net(batch["x"], self.routing_for_step(self.global_step))
+            return {"loss": self.member_loss(logits, batch["y"]), "member_outputs": logits,
+                    "target": batch["y"]}
+        out = super().step(batch, stage)
+        collapsed = self._collapsed if self._collapsed is not None else self.collapsed_network()
+        out["collapsed_outputs"] = collapsed(batch["x"])  # type: ignore[typeddict-unknown-key]
+        if self.hparams.head == "committee":
+            hidden = collapsed[:-2](batch["x"])  # the collapsed committee's pre-activations
+            out["votes"] = self.net.readout.vote(hidden)  # type: ignore[typeddict-unknown-key]
         return out
+
+    def update_metrics(self, metrics: MetricCollection, out: StepOutput) -> int:
+        """The copy average's metrics, then the collapsed predictor's and the copies' own."""
+        n = super().update_metrics(metrics, out)
+        if n == 0:
+            return 0
+        target, logits = out["target"], out["member_outputs"].detach().float()
+        collapsed = out["collapsed_outputs"].detach().float()  # type: ignore[typeddict-item]
+        votes = out.get("votes")
+        scored = self.scored_rows(target)
+        if scored is not None:
+            target, logits, collapsed = target[scored], logits[scored], collapsed[scored]
+            votes = votes[scored] if votes is not None else None
+        metrics["collapsed_accuracy"].update(collapsed, target)
+        metrics["collapsed_nll"].update(collapsed, target)
+        metrics["copy_accuracy"].update((logits.argmax(-1) == target[:, None]).float().mean(1))
+        if votes is not None:
+            decision = (votes + 1e-3 * torch.softmax(collapsed, -1)).argmax(-1)  # ties: the soft committee
+            metrics["vote_accuracy"].update((decision == target).float())
+        return n
 
     def on_validation_epoch_start(self) -> None:
         """Fresh metric states and the collapsed predictor of the current weights."""
-        self._start_eval("val_")
+        super().on_validation_epoch_start()
+        self.__dict__["_collapsed"] = self.collapsed_network()
 
     def on_test_epoch_start(self) -> None:
         """Fresh metric states and the collapsed predictor of the current weights."""
-        self._start_eval("test_")
-
-    def _start_eval(self, stage: str) -> None:
-        for metric in self.metrics[stage].values():
-            metric.reset()
+        super().on_test_epoch_start()
         self.__dict__["_collapsed"] = self.collapsed_network()
 
-    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> dict[str, Tensor]:
-        """Copy-average and collapsed metrics on the validation split."""
-        return self._eval_step(batch, "val")
-
-    def test_step(self, batch: dict[str, Tensor], batch_idx: int,
-                  dataloader_idx: int = 0) -> dict[str, Tensor]:
-        """As validation; OOD batches (labels ``-1``) only pass through."""
-        return self._eval_step(batch, "test")
-
     def predict_step(self, batch: dict[str, Tensor], batch_idx: int,
-                     dataloader_idx: int = 0) -> dict[str, Tensor]:
-        """Copy-average ``prediction (B, C)``, ``member_outputs (B, M, C)`` and ``collapsed (B, C)``."""
-        logits = self.net(batch["x"])
-        collapsed = self.collapsed_network()(batch["x"])
-        return {"prediction": torch.softmax(logits.float(), -1).mean(1), "member_outputs": logits,
-                "collapsed": torch.softmax(collapsed.float(), -1)}
-
-    def _eval_step(self, batch: dict[str, Tensor], stage: str) -> dict[str, Tensor]:
-        x, y = batch["x"], batch["y"]
-        logits = self.net(x)
-        out = {"member_outputs": logits, "target": y}
-        valid = y >= 0
-        if not valid.any():
-            return out
-        logits, target, x = logits[valid].float(), y[valid], x[valid]
-        metrics = self.metrics[f"{stage}_"]
-        probs = torch.softmax(logits, -1).mean(1)
-        assert self._collapsed is not None
-        collapsed = torch.softmax(self._collapsed(x).float(), -1)
-        metrics["accuracy"].update(probs, target)
-        metrics["nll"].update(-probs.gather(1, target[:, None]).clamp_min(1e-12).log())
-        metrics["collapsed_accuracy"].update(collapsed, target)
-        metrics["collapsed_nll"].update(-collapsed.gather(1, target[:, None]).clamp_min(1e-12).log())
-        metrics["copy_accuracy"].update((logits.argmax(-1) == target[:, None]).float().mean(1))
-        if "vote_accuracy" in metrics:
-            hidden = self._collapsed[:-2](x)  # the collapsed committee's pre-activations
-            votes = self.net.readout.vote(hidden)
-            decision = (votes + 1e-3 * collapsed).argmax(-1)  # ties: the soft committee decides
-            metrics["vote_accuracy"].update((decision == target).float())
-        loss = copy_cross_entropy(logits, target)
-        self.log(f"{stage}/loss", loss, batch_size=len(target), sync_dist=True, add_dataloader_idx=False)
-        for name, metric in metrics.items():
-            self.log(f"{stage}/{name}", metric, prog_bar=name == "accuracy", add_dataloader_idx=False)
+                     dataloader_idx: int = 0) -> PredictOutput:
+        """Copy average ``prediction (B, C)``, ``member_predictions (B, M, C)``, ``collapsed (B, C)``."""
+        out = super().predict_step(batch, batch_idx, dataloader_idx)
+        out["collapsed"] = torch.softmax(self.collapsed_network()(batch["x"]).float(), -1)  # type: ignore[typeddict-unknown-key]
         return out
 
-    def configure_optimizers(self) -> torch.optim.Optimizer:
+    def build_optimizer(self, parameters: Iterable[Tensor] | list[dict[str, Any]]) -> torch.optim.Optimizer:
         """SGD with momentum, or AdamW, over all copies."""
         hp = self.hparams
         if hp.optimizer == "sgd":
-            return torch.optim.SGD(self.parameters(), lr=hp.lr, momentum=hp.momentum,
-                                   weight_decay=hp.weight_decay)
-        return torch.optim.AdamW(self.parameters(), lr=hp.lr, weight_decay=hp.weight_decay)
+            return torch.optim.SGD(parameters, lr=hp.lr, momentum=hp.momentum, weight_decay=hp.weight_decay)
+        return super().build_optimizer(parameters)

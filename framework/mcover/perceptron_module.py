@@ -16,7 +16,9 @@ The copies ``w (M, N)`` (int8), the sweep counter and the permutation bank are b
 and the copies' generator states go into checkpoints, so a resumed run continues the same
 chain. ``RoutingResampler`` may redraw the bank (``draw_permutation_bank``). The energy is
 not differentiable, so callbacks' loss terms (``register_loss_term``) do not apply here.
-The annealer runs on the CPU in one process; under DDP every rank would anneal its own
+``BinaryPerceptronSA`` is a ``MemberModule`` whose members are the copies: ``member_outputs``
+are the copies' fields ``(B, M)`` (real values whose sign is the label, read as
+``regression``). The annealer runs on the CPU in one process; under DDP every rank would anneal its own
 shard of the training set, so train on one device.
 
 Logged: ``train/energy`` (the annealed energy ``sum_a E_a - gamma sum_{a<b} w_a . w_b``),
@@ -32,10 +34,10 @@ from __future__ import annotations
 import math
 from typing import Any, Literal
 
-import lightning as L
 import torch
 import torchmetrics
 from torch import Tensor
+from torchmetrics import Metric, MetricCollection
 
 from ripieno.framework.mcover.kernels import KernelKind, make_kernel
 from ripieno.framework.mcover.perceptron import (
@@ -48,12 +50,15 @@ from ripieno.framework.mcover.perceptron import (
     initial_copies,
 )
 from ripieno.framework.mcover.permutations import MAX_EXACT_M, PermutationBank, SamplerKind
+from ripieno.framework.members import PredictOutput, StepOutput
+from ripieno.framework.methods.loss_terms import LossTerm
+from ripieno.framework.methods.member_module import MemberModule
 
 Method = Literal["plain", "replicated", "mcover"]
 METHODS: tuple[str, ...] = ("plain", "replicated", "mcover")
 
 
-class BinaryPerceptronSA(L.LightningModule):
+class BinaryPerceptronSA(MemberModule):
     """Plain, replicated or M-cover simulated annealing of a binary perceptron.
 
     Args:
@@ -142,10 +147,17 @@ class BinaryPerceptronSA(L.LightningModule):
         self.register_buffer("teacher", spec.teacher_tensor().to(torch.int8), persistent=False)
         self.__dict__["_annealer"] = None  # built on the first training batch; not a submodule
         self._n_sweeps = n_sweeps
-        self.metrics = torch.nn.ModuleDict({
-            stage: torch.nn.ModuleDict({"error_collapsed": torchmetrics.MeanMetric()})
-            for stage in ("val_", "test_")
-        })
+        self.init_members("regression")
+
+    def build_metrics(self) -> dict[str, Metric]:
+        """The collapsed student's error on the split's patterns."""
+        return {"error_collapsed": torchmetrics.MeanMetric()}
+
+    def register_loss_term(self, name: str, fn: LossTerm) -> None:
+        """Loss terms need gradients; annealing has none, so this refuses them."""
+        raise TypeError(f"BinaryPerceptronSA is trained by simulated annealing, without gradients: the"
+                        f" loss term {name!r} cannot apply. Use a gradient-trained module (e.g."
+                        " MCoverClassifier).")
 
     # ------------------------------------------------------------------- routing
     @property
@@ -220,36 +232,27 @@ class BinaryPerceptronSA(L.LightningModule):
         self.log("train/gamma", gamma, batch_size=n)
         self.log("train/acceptance", (annealer.accepted - accepted) / proposals, batch_size=n)
 
-    def on_validation_epoch_start(self) -> None:
-        """Fresh metric states."""
-        self.metrics["val_"]["error_collapsed"].reset()
+    def step(self, batch: dict[str, Tensor], stage: str) -> StepOutput:
+        """The copies' fields as member outputs and the collapsed student's labels (no loss)."""
+        x = batch["x"].to(torch.float64)
+        return {"member_outputs": self(x), "target": batch["y"].to(torch.float64),
+                "collapsed_labels": self._collapsed_labels(x)}  # type: ignore[typeddict-unknown-key]
 
-    def on_test_epoch_start(self) -> None:
-        """Fresh metric states."""
-        self.metrics["test_"]["error_collapsed"].reset()
+    def update_metrics(self, metrics: MetricCollection, out: StepOutput) -> int:
+        """The collapsed student's errors on the batch."""
+        wrong = (out["collapsed_labels"] != out["target"]).to(torch.float64)  # type: ignore[typeddict-item]
+        metrics["error_collapsed"].update(wrong)
+        return len(wrong)
 
-    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> dict[str, Tensor]:
-        """Collapsed student's errors on the batch; the copies' fields as member outputs."""
-        return self._eval_step(batch, "val")
-
-    def test_step(self, batch: dict[str, Tensor], batch_idx: int) -> dict[str, Tensor]:
-        """As validation, on the test split."""
-        return self._eval_step(batch, "test")
-
-    def predict_step(self, batch: dict[str, Tensor], batch_idx: int) -> dict[str, Tensor]:
+    def predict_step(self, batch: dict[str, Tensor], batch_idx: int,
+                     dataloader_idx: int = 0) -> PredictOutput:
         """``prediction`` (the collapsed student's label in ``{-1, +1}``) and the copies' fields."""
         x = batch["x"].to(torch.float64)
-        return {"prediction": self._collapsed_labels(x), "member_outputs": self(x)}
+        return {"prediction": self._collapsed_labels(x), "member_predictions": self(x)}
 
     def _collapsed_labels(self, x: Tensor) -> Tensor:
         student = self.collapse().to(x.device)
         return torch.where(x.to(torch.float64) @ student > 0, 1.0, -1.0).to(torch.float64)
-
-    def _eval_step(self, batch: dict[str, Tensor], stage: str) -> dict[str, Tensor]:
-        x, y = batch["x"].to(torch.float64), batch["y"].to(torch.float64)
-        wrong = (self._collapsed_labels(x) != y).to(torch.float64)
-        self.metrics[f"{stage}_"]["error_collapsed"].update(wrong)
-        return {"member_outputs": self(x), "target": y}
 
     def on_validation_epoch_end(self) -> None:
         """Log the generalisation errors (from the teacher) and the split's collapsed error."""
@@ -265,7 +268,6 @@ class BinaryPerceptronSA(L.LightningModule):
         self.log(f"{stage}/gen_error_collapsed", float(generalization_error(self.collapse(), teacher)),
                  prog_bar=True)
         self.log(f"{stage}/gen_error_copies", float(generalization_error(self.copies(), teacher).mean()))
-        self.log(f"{stage}/error_collapsed", error.float())
         self.log(f"{stage}/accuracy", 1.0 - error.float())
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
@@ -279,11 +281,13 @@ class BinaryPerceptronSA(L.LightningModule):
     # -------------------------------------------------------------- checkpoints
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Store the copies' generator states (the copies, sweep and bank are buffers)."""
+        super().on_save_checkpoint(checkpoint)
         checkpoint["perceptron_generators"] = [g.get_state() for g in self._generators]
         checkpoint["perceptron_n_sweeps"] = self._n_sweeps
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Restore the generator states; the annealer is rebuilt from the buffers on the next batch."""
+        super().on_load_checkpoint(checkpoint)
         for g, state in zip(self._generators, checkpoint.get("perceptron_generators", []), strict=False):
             g.set_state(state)
         if checkpoint.get("perceptron_n_sweeps") is not None:

@@ -1,6 +1,6 @@
 """M copies of an MLP (or a committee machine) trained through permutation routing.
 
-Copies sit on axis 1 (``(B, M, ...)``, the members axis of DESIGN.md). Layer ``l`` of
+Copies sit on axis 1 (``(B, M, ...)``, the members axis of ``ripieno.framework.members``). Layer ``l`` of
 copy ``a`` uses its own weights ``W_a^l`` and reads its input activations from other
 copies: the incoming coordinates are split into ``n_blocks`` contiguous blocks and block
 ``j`` is read from copy ``rho_{l,j}(a)``. The first layer reads the data, which every

@@ -2,9 +2,10 @@
 
 from ripieno.framework.methods.image_classifier import ImageClassifier
 from ripieno.framework.methods.loss_terms import LossTermsMixin
+from ripieno.framework.methods.member_module import MemberModule
 from ripieno.framework.methods.tabular_ensemble import TabularEnsembleModule
 from ripieno.framework.methods.tabular_mlp import TabularMLP
 from ripieno.framework.methods.text_classifier import TextClassifier
 
-__all__ = ["ImageClassifier", "LossTermsMixin", "TabularEnsembleModule", "TabularMLP",
+__all__ = ["ImageClassifier", "LossTermsMixin", "MemberModule", "TabularEnsembleModule", "TabularMLP",
            "TextClassifier"]

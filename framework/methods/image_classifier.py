@@ -10,15 +10,10 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-import lightning as L
-import torch
-import torch.nn.functional as F
-import torchmetrics
 from torch import Tensor, nn
 
 from ripieno.framework.image_spec import ImageSpec
-from ripieno.framework.methods.loss_terms import LossTermsMixin
-from ripieno.framework.methods.rng_state import RNGStateMixin
+from ripieno.framework.methods.member_module import MemberModule
 
 Backbone = Literal["cnn", "mlp"]
 
@@ -47,12 +42,12 @@ def make_backbone(kind: Backbone, image_shape: tuple[int, int, int], width: int)
     return nn.Sequential(conv, nn.Linear(d_conv, 4 * width), nn.ReLU()), 4 * width
 
 
-class ImageClassifier(LossTermsMixin, RNGStateMixin, L.LightningModule):
+class ImageClassifier(MemberModule):
     """Softmax classifier with a small CNN or MLP backbone.
 
-    Logs ``{val,test}/accuracy``, ``/nll`` and ``/ece`` (15 bins) of the trained network;
-    batches from a test dataloader whose labels are ``-1`` (OOD, see ``ImageDataModule``)
-    are skipped by these metrics.
+    Logs ``{val,test}/accuracy``, ``/nll`` and ``/ece`` (15 bins) of the trained network
+    (``MemberModule``); rows of a test dataloader whose labels are ``-1`` (OOD, see
+    ``ImageDataModule``) are skipped by these metrics.
 
     Args:
         data_spec: the data's ``ImageSpec`` (or dict); linked from ``data.spec`` by the CLI.
@@ -64,7 +59,6 @@ class ImageClassifier(LossTermsMixin, RNGStateMixin, L.LightningModule):
     """
 
     task = "multiclass"
-    member_output_kind = "logits"
 
     def __init__(
         self,
@@ -83,83 +77,12 @@ class ImageClassifier(LossTermsMixin, RNGStateMixin, L.LightningModule):
         self.features, d = make_backbone(backbone, spec.image_shape, width)
         self.dropout = nn.Dropout(dropout)
         self.head = nn.Linear(d, spec.n_classes)
-        self.metrics = nn.ModuleDict(
-            {stage: self._make_metrics(spec.n_classes) for stage in ("val_", "test_")}
-        )
-
-    @staticmethod
-    def _make_metrics(n_classes: int) -> nn.ModuleDict:
-        return nn.ModuleDict({
-            "accuracy": torchmetrics.Accuracy(task="multiclass", num_classes=n_classes),
-            "nll": torchmetrics.MeanMetric(),
-            "ece": torchmetrics.CalibrationError(task="multiclass", num_classes=n_classes, n_bins=15),
-        })
+        self.init_members("logits", spec.n_classes)
 
     def forward(self, x: Tensor) -> Tensor:
         """Logits ``(B, C)`` for images ``(B, C_in, H, W)``."""
         return self.head(self.dropout(self.features(x)))
 
-    def _step(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
-        logits = self(batch["x"])
-        valid = batch["y"] >= 0
-        loss = F.cross_entropy(logits[valid].float(), batch["y"][valid]) if valid.any() else logits.sum() * 0
-        return {"loss": loss, "member_outputs": logits.detach()[:, None], "target": batch["y"],
-                "logits": logits}
-
-    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> dict[str, Tensor]:
-        """Cross-entropy plus every registered loss term."""
-        out = self._step(batch)
-        out["loss"] = out["loss"] + self.registered_loss_terms(batch, out)
-        self.log("train/loss", out["loss"], prog_bar=True, on_step=True, on_epoch=True,
-                 batch_size=len(batch["y"]))
-        del out["logits"]
-        return out
-
-    def on_validation_epoch_start(self) -> None:
-        """Empty metric states (see TabularEnsembleModule)."""
-        for metric in self.metrics["val_"].values():
-            metric.reset()
-
-    def on_test_epoch_start(self) -> None:
-        """Empty metric states."""
-        for metric in self.metrics["test_"].values():
-            metric.reset()
-
-    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> dict[str, Tensor]:
-        """Loss, accuracy, NLL and ECE on the validation split."""
-        return self._eval_step(batch, "val")
-
-    def test_step(
-        self, batch: dict[str, Tensor], batch_idx: int, dataloader_idx: int = 0
-    ) -> dict[str, Tensor]:
-        """As validation; OOD batches (labels ``-1``) only pass through."""
-        return self._eval_step(batch, "test")
-
-    def predict_step(
-        self, batch: dict[str, Tensor], batch_idx: int, dataloader_idx: int = 0
-    ) -> dict[str, Tensor]:
-        """Class probabilities ``prediction (B, C)`` and ``logits``."""
-        logits = self(batch["x"])
-        return {"prediction": torch.softmax(logits.float(), -1), "logits": logits}
-
-    def _eval_step(self, batch: dict[str, Tensor], stage: str) -> dict[str, Tensor]:
-        out = self._step(batch)
-        logits, y = out.pop("logits"), batch["y"]
-        valid = y >= 0
-        if valid.any():
-            probs = torch.softmax(logits[valid].float(), -1)
-            target = y[valid]
-            metrics = self.metrics[f"{stage}_"]
-            metrics["accuracy"].update(probs, target)
-            metrics["ece"].update(probs, target)
-            metrics["nll"].update(-probs.gather(1, target[:, None]).clamp_min(1e-12).log())
-            self.log(f"{stage}/loss", out["loss"], batch_size=int(valid.sum()), sync_dist=True,
-                     add_dataloader_idx=False)
-            for name, metric in metrics.items():
-                self.log(f"{stage}/{name}", metric, prog_bar=name == "accuracy", add_dataloader_idx=False)
-        return out
-
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        """AdamW over all parameters."""
-        hp = self.hparams
-        return torch.optim.AdamW(self.parameters(), lr=hp.lr, weight_decay=hp.weight_decay)
+    def forward_members(self, batch: dict[str, Tensor]) -> Tensor:
+        """Logits as one member, ``(B, 1, C)``."""
+        return self(batch["x"])[:, None]

@@ -2,29 +2,29 @@
 
 Training loss = mean over members of the per-member loss; prediction = mean of member
 probabilities (classification) or outputs (regression), reported in the target's
-original units. Steps return ``member_outputs (B, K, out)`` and ``target`` (see
-DESIGN.md) so DiversityMonitor and other member-aware callbacks work unchanged.
+original units. Steps follow the member protocol (``ripieno.framework.members``:
+``member_outputs (B, K, out)`` and ``target``), so DiversityMonitor and other member-aware
+callbacks work unchanged.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-import lightning as L
-import torch
 import torch.nn.functional as F
 import torchmetrics
-from torch import Tensor, nn
+from torch import Tensor
+from torchmetrics import Metric, MetricCollection
 
-from ripieno.framework.methods.loss_terms import LossTermsMixin
-from ripieno.framework.methods.rng_state import RNGStateMixin
+from ripieno.framework.members import StepOutput, member_probabilities, member_values
+from ripieno.framework.methods.member_module import MemberModule
 from ripieno.framework.nn.embeddings import PiecewiseLinearEmbeddings
 from ripieno.framework.nn.ensemble_linear import Adapter, Compute, EnsembleLinear, ScalingInit
 from ripieno.framework.nn.tabular_backbone import AdapterLayers, TabularEnsembleNet
 from ripieno.framework.tabular_spec import TabularSpec
 
 
-class TabularEnsembleModule(LossTermsMixin, RNGStateMixin, L.LightningModule):
+class TabularEnsembleModule(MemberModule):
     """K-member tabular network with the ensemble conventions of ripieno.
 
     Logged metrics: ``{train,val,test}/loss`` (mean member loss on standardised targets
@@ -88,14 +88,10 @@ class TabularEnsembleModule(LossTermsMixin, RNGStateMixin, L.LightningModule):
             sigma_init=sigma_init, bins=spec.bin_tensors(), d_embedding=d_embedding,
             share_embeddings=share_embeddings, rank1_init=rank1_init, compute=compute,
         )
-        self.metrics = nn.ModuleDict({stage: self._make_metrics() for stage in ("val_", "test_")})
+        kind = {"multiclass": "logits", "binary": "binary_logits"}.get(self.task, "regression")
+        self.init_members(kind, spec.n_classes)
 
     # ----------------------------------------------------------------- model interface
-    @property
-    def member_output_kind(self) -> str:
-        """How to read ``member_outputs``: ``logits``, ``binary_logits`` or ``regression``."""
-        return {"multiclass": "logits", "binary": "binary_logits"}.get(self.task, "regression")
-
     @property
     def output_affine(self) -> tuple[float, float]:
         """``(scale, shift)`` from raw outputs to the modelled target's units (regression)."""
@@ -119,10 +115,7 @@ class TabularEnsembleModule(LossTermsMixin, RNGStateMixin, L.LightningModule):
         """
         if self.task == "regression":
             return raw[..., 0].float() * self.spec.target_std + self.spec.target_mean
-        if self.task == "binary":
-            p1 = torch.sigmoid(raw[..., 0].float())
-            return torch.stack([1 - p1, p1], dim=-1)
-        return torch.softmax(raw.float(), dim=-1)
+        return member_probabilities(raw, self.member_output_kind)
 
     def predict_ensemble(self, raw: Tensor) -> Tensor:
         """Ensemble prediction from raw member outputs.
@@ -137,107 +130,46 @@ class TabularEnsembleModule(LossTermsMixin, RNGStateMixin, L.LightningModule):
         return y.exp() if self.spec.target_transform == "log" else y
 
     # ----------------------------------------------------------------------- steps
+    def forward_members(self, batch: dict[str, Tensor]) -> Tensor:
+        """Member outputs of the protocol: logits, or regression values in target units ``(B, K, 1)``."""
+        return self._protocol_outputs(self(batch["x_num"], batch.get("x_cat")))
+
+    def _protocol_outputs(self, raw: Tensor) -> Tensor:
+        return self.member_predictions(raw)[..., None] if self.task == "regression" else raw
+
     def member_loss(self, raw: Tensor, y: Tensor) -> Tensor:
-        """Mean over members (and rows) of the per-member loss."""
+        """Mean over members (and rows) of the per-member loss, on standardised outputs."""
         k = raw.shape[1]
         if self.task == "regression":
             target = ((y.float() - self.spec.target_mean) / self.spec.target_std)[:, None]
             return F.mse_loss(raw[..., 0].float(), target.expand(-1, k))
-        if self.task == "binary":
-            return F.binary_cross_entropy_with_logits(
-                raw[..., 0].float(), y.float()[:, None].expand(-1, k)
-            )
-        return F.cross_entropy(raw.float().flatten(0, 1), y.repeat_interleave(k))
+        return super().member_loss(raw, y)
 
-    def _step(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
+    def step(self, batch: dict[str, Tensor], stage: str) -> StepOutput:
+        """Mean member loss of the raw (standardised) outputs; member outputs as the protocol says."""
         raw = self(batch["x_num"], batch.get("x_cat"))
-        loss = self.member_loss(raw, batch["y"])
-        out = raw.detach().float()
-        if self.task == "regression":
-            out = self.member_predictions(out)[..., None]
-        return {"loss": loss, "member_outputs": out, "target": batch["y"], "raw": raw}
+        return {"loss": self.member_loss(raw, batch["y"]), "member_outputs": self._protocol_outputs(raw),
+                "target": batch["y"]}
 
-    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> dict[str, Tensor]:
-        """Mean member loss plus every registered loss term."""
-        out = self._step(batch)
-        out["loss"] = out["loss"] + self.registered_loss_terms(batch, out)
-        self.log("train/loss", out["loss"], prog_bar=True, on_step=True, on_epoch=True,
-                 batch_size=len(batch["y"]))
-        del out["raw"]
-        return out
+    def build_metrics(self) -> dict[str, Metric]:
+        """The protocol's metrics, and ``rmse_original`` (raw units) for transformed targets."""
+        metrics = super().build_metrics()
+        if self.task == "regression" and self.spec.target_transform != "none":
+            metrics["rmse_original"] = torchmetrics.MeanSquaredError(squared=False)
+        return metrics
 
-    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> dict[str, Tensor]:
-        """Loss and ensemble metrics on the validation split."""
-        return self._eval_step(batch, "val")
-
-    def test_step(self, batch: dict[str, Tensor], batch_idx: int) -> dict[str, Tensor]:
-        """Loss and ensemble metrics on the test split."""
-        return self._eval_step(batch, "test")
-
-    def predict_step(self, batch: dict[str, Tensor], batch_idx: int) -> dict[str, Tensor]:
-        """Ensemble prediction in original units plus member predictions ``(B, K, ...)``."""
-        raw = self(batch["x_num"], batch.get("x_cat"))
-        pred = self.predict_ensemble(raw)
-        if self.task == "regression":
-            pred = self.to_original_units(pred)
-        return {"prediction": pred, "member_predictions": self.member_predictions(raw)}
-
-    def on_validation_epoch_start(self) -> None:
-        """Start from empty metric states (a ``ddp_spawn`` fit hands back synced ones)."""
-        for metric in self.metrics["val_"].values():
-            metric.reset()
-
-    def on_test_epoch_start(self) -> None:
-        """Start from empty metric states."""
-        for metric in self.metrics["test_"].values():
-            metric.reset()
-
-    def _eval_step(self, batch: dict[str, Tensor], stage: str) -> dict[str, Tensor]:
-        out = self._step(batch)
-        raw, y = out.pop("raw"), batch["y"]
-        pred = self.predict_ensemble(raw)
-        metrics = self.metrics[f"{stage}_"]
-        if self.task == "regression":
-            for name in ("rmse", "mae", "r2"):
-                metrics[name].update(pred, y.float())
-            if self.spec.target_transform != "none":
-                metrics["rmse_original"].update(self.to_original_units(pred),
-                                                self.to_original_units(y.float()))
-        else:
-            target = y.long()
-            metrics["accuracy"].update(pred if self.task == "multiclass" else pred[:, 1], target)
-            metrics["nll"].update(-pred.gather(1, target[:, None]).clamp_min(1e-12).log())
-            if self.task == "binary":
-                metrics["auroc"].update(pred[:, 1], target)
-        bs = len(y)
-        self.log(f"{stage}/loss", out["loss"], prog_bar=stage == "val", batch_size=bs, sync_dist=True)
-        for name, metric in metrics.items():
-            self.log(f"{stage}/{name}", metric, prog_bar=name in ("accuracy", "rmse"), batch_size=bs)
-        return out
-
-    def _make_metrics(self) -> nn.ModuleDict:
-        spec = self.spec
-        if spec.task == "regression":
-            metrics = {
-                "rmse": torchmetrics.MeanSquaredError(squared=False),
-                "mae": torchmetrics.MeanAbsoluteError(),
-                "r2": torchmetrics.R2Score(),
-            }
-            if spec.target_transform != "none":
-                metrics["rmse_original"] = torchmetrics.MeanSquaredError(squared=False)
-            return nn.ModuleDict(metrics)
-        task = "binary" if spec.task == "binary" else "multiclass"
-        metrics = {
-            "accuracy": torchmetrics.Accuracy(task=task, num_classes=spec.n_classes),
-            "nll": torchmetrics.MeanMetric(),
-        }
-        if spec.task == "binary":
-            metrics["auroc"] = torchmetrics.AUROC(task="binary")
-        return nn.ModuleDict(metrics)
+    def update_metrics(self, metrics: MetricCollection, out: StepOutput) -> int:
+        """The protocol's metrics, plus the RMSE in the raw target's units."""
+        n = super().update_metrics(metrics, out)
+        if "rmse_original" in metrics:
+            prediction = member_values(out["member_outputs"].detach()).mean(1)
+            metrics["rmse_original"].update(self.to_original_units(prediction),
+                                            self.to_original_units(out["target"].float()))
+        return n
 
     # ------------------------------------------------------------------- optimiser
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        """AdamW; weight decay only on shared/packed weight matrices."""
+    def optimizer_parameters(self) -> list[dict[str, Any]]:
+        """Weight decay only on shared/packed weight matrices."""
         decay, no_decay = [], []
         for module in self.net.modules():
             for name, param in module.named_parameters(recurse=False):
@@ -245,6 +177,5 @@ class TabularEnsembleModule(LossTermsMixin, RNGStateMixin, L.LightningModule):
                 if isinstance(module, PiecewiseLinearEmbeddings):
                     is_weight = False
                 (decay if is_weight else no_decay).append(param)
-        groups = [{"params": decay, "weight_decay": self.hparams.weight_decay},
-                  {"params": no_decay, "weight_decay": 0.0}]
-        return torch.optim.AdamW(groups, lr=self.hparams.lr)
+        return [{"params": decay, "weight_decay": self.hparams.weight_decay},
+                {"params": no_decay, "weight_decay": 0.0}]

@@ -14,24 +14,20 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import lightning as L
 import torch
-import torch.nn.functional as F
-import torchmetrics
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 
-from ripieno.framework.methods.loss_terms import LossTermsMixin
-from ripieno.framework.methods.rng_state import RNGStateMixin
+from ripieno.framework.methods.member_module import MemberModule
 from ripieno.framework.text_spec import TextSpec
 
 INPUT_KEYS = ("input_ids", "attention_mask")
 
 
-class TextClassifier(LossTermsMixin, RNGStateMixin, L.LightningModule):
+class TextClassifier(MemberModule):
     """GPT-2 sequence classifier (last non-padding token -> linear head).
 
-    Logs ``{val,test}/accuracy``, ``/nll`` and ``/ece`` like ``ImageClassifier``.
+    Logs the ``MemberModule`` metrics (``{val,test}/accuracy``, ``/nll``, ``/ece``, ...).
 
     Args:
         data_spec: the data's ``TextSpec`` (or dict); linked from ``data.spec`` by the CLI.
@@ -46,7 +42,6 @@ class TextClassifier(LossTermsMixin, RNGStateMixin, L.LightningModule):
     """
 
     task = "multiclass"
-    member_output_kind = "logits"
 
     def __init__(
         self,
@@ -64,7 +59,6 @@ class TextClassifier(LossTermsMixin, RNGStateMixin, L.LightningModule):
         data_spec = spec.to_dict()
         self.save_hyperparameters()
         self.spec = spec
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
         from transformers import GPT2Config, GPT2Model
 
         if pretrained_dir is not None:
@@ -88,15 +82,7 @@ class TextClassifier(LossTermsMixin, RNGStateMixin, L.LightningModule):
                              f" the tokenizer's ({spec.vocab_size}); use the model's own tokenizer.")
         self.dropout = nn.Dropout(dropout)
         self.head = nn.Linear(self.backbone.config.n_embd, spec.n_classes)
-        self.metrics = nn.ModuleDict({s: self._make_metrics(spec.n_classes) for s in ("val_", "test_")})
-
-    @staticmethod
-    def _make_metrics(n_classes: int) -> nn.ModuleDict:
-        return nn.ModuleDict({
-            "accuracy": torchmetrics.Accuracy(task="multiclass", num_classes=n_classes),
-            "nll": torchmetrics.MeanMetric(),
-            "ece": torchmetrics.CalibrationError(task="multiclass", num_classes=n_classes, n_bins=15),
-        })
+        self.init_members("logits", spec.n_classes)
 
     def forward(self, inputs: dict[str, Tensor]) -> Tensor:
         """Logits ``(B, C)`` from right-padded ``{"input_ids", "attention_mask"}``."""
@@ -106,55 +92,6 @@ class TextClassifier(LossTermsMixin, RNGStateMixin, L.LightningModule):
         pooled = hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
         return self.head(self.dropout(pooled))
 
-    def _step(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
-        logits = self({k: batch[k] for k in INPUT_KEYS})
-        return logits, F.cross_entropy(logits.float(), batch["y"])
-
-    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> dict[str, Tensor]:
-        """Cross-entropy plus every registered loss term."""
-        logits, loss = self._step(batch)
-        out = {"loss": loss, "member_outputs": logits.detach()[:, None], "target": batch["y"]}
-        out["loss"] = loss + self.registered_loss_terms(batch, out)
-        self.log("train/loss", out["loss"], prog_bar=True, on_step=True, on_epoch=True,
-                 batch_size=len(batch["y"]))
-        return out
-
-    def on_validation_epoch_start(self) -> None:
-        """Empty metric states (see TabularEnsembleModule)."""
-        for metric in self.metrics["val_"].values():
-            metric.reset()
-
-    def on_test_epoch_start(self) -> None:
-        """Empty metric states."""
-        for metric in self.metrics["test_"].values():
-            metric.reset()
-
-    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> dict[str, Tensor]:
-        """Loss, accuracy, NLL and ECE on the validation split."""
-        return self._eval_step(batch, "val")
-
-    def test_step(self, batch: dict[str, Tensor], batch_idx: int) -> dict[str, Tensor]:
-        """Loss, accuracy, NLL and ECE on the test split."""
-        return self._eval_step(batch, "test")
-
-    def predict_step(self, batch: dict[str, Tensor], batch_idx: int) -> dict[str, Tensor]:
-        """Class probabilities ``prediction (B, C)`` and ``logits``."""
-        logits = self({k: batch[k] for k in INPUT_KEYS})
-        return {"prediction": torch.softmax(logits.float(), -1), "logits": logits}
-
-    def _eval_step(self, batch: dict[str, Tensor], stage: str) -> dict[str, Tensor]:
-        logits, loss = self._step(batch)
-        probs, y = torch.softmax(logits.float(), -1), batch["y"]
-        metrics = self.metrics[f"{stage}_"]
-        metrics["accuracy"].update(probs, y)
-        metrics["ece"].update(probs, y)
-        metrics["nll"].update(-probs.gather(1, y[:, None]).clamp_min(1e-12).log())
-        self.log(f"{stage}/loss", loss, batch_size=len(y), sync_dist=True)
-        for name, metric in metrics.items():
-            self.log(f"{stage}/{name}", metric, prog_bar=name == "accuracy")
-        return {"loss": loss, "member_outputs": logits.detach()[:, None], "target": y}
-
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        """AdamW over all parameters."""
-        hp = self.hparams
-        return torch.optim.AdamW(self.parameters(), lr=hp.lr, weight_decay=hp.weight_decay)
+    def forward_members(self, batch: dict[str, Tensor]) -> Tensor:
+        """Logits as one member, ``(B, 1, C)``."""
+        return self({k: batch[k] for k in INPUT_KEYS})[:, None]

@@ -1,7 +1,7 @@
 """Diversity of ensemble members as torchmetrics ``Metric`` classes.
 
 All three take member outputs shaped ``(B, K, ...)`` (members on axis 1, see
-DESIGN.md), accumulate sums in float32 states reduced with ``sum`` across DDP ranks,
+``ripieno.framework.members``), accumulate sums in float32 states reduced with ``sum`` across DDP ranks,
 and compute under disabled autocast so that bf16 training still measures in float32.
 
 * ``PairwiseKLDivergence``: mean over samples and ordered member pairs ``i != j`` of

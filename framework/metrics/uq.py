@@ -1,7 +1,7 @@
 """Uncertainty-quantification metrics for models with members or posterior samples.
 
 Classification inputs are per-sample outputs ``(B, S, C)`` (logits or probabilities,
-samples on axis 1, see DESIGN.md) or one prediction ``(B, C)``; the predictive
+samples on axis 1, see ``ripieno.framework.members``) or one prediction ``(B, C)``; the predictive
 distribution is the mean over samples of the per-sample distributions. Regression
 inputs are per-sample means ``(B, S, ...)`` with an observation-noise variance, or a
 predictive mean and variance shaped like the target.
