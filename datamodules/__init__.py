@@ -1,6 +1,7 @@
 """LightningDataModules for ripieno's methods."""
 
 from ripieno.datamodules.audio import AudioDataError, AudioDataModule, MissingAudioDataError
+from ripieno.datamodules.base import DataModuleError
 from ripieno.datamodules.images import ImageDataError, ImageDataModule, MissingImageDataError
 from ripieno.datamodules.layer_embeddings import LayerEmbeddingDataModule
 from ripieno.datamodules.tabular import TabularDataError, TabularDataModule
@@ -16,6 +17,7 @@ __all__ = [
     "AudioDataModule",
     "BackboneDataSpec",
     "BackboneImageDataModule",
+    "DataModuleError",
     "SOURCES",
     "ImageDataError",
     "ImageDataModule",

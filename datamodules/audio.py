@@ -47,18 +47,15 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
-from ripieno.datamodules.base import BatchDataset, SplitDataModule
+from ripieno.datamodules.base import BatchDataset, DataModuleError, SplitDataModule
+from ripieno.datamodules.splits import check_split_args, seeded_splits
 from ripieno.datamodules.vision_backbone import (
     BUILD_HINT,
     FOLDER,
     BackboneDataSpec,
-    check_split_args,
+    check_source_choice,
     resolve_model_dir,
-    seeded_splits,
 )
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 DIGIT_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 DEFAULT_VOICES = ("en-us+m1", "en-us+m3", "en-us+m5", "en-us+m7", "en-us+f1", "en-us+f2", "en-us+f3",
@@ -74,7 +71,7 @@ AUDIO_SUFFIXES = (".wav", ".flac", ".ogg")
 SHIPPED = ("spoken_digits", "asterisk_digits")
 
 
-class AudioDataError(ValueError):
+class AudioDataError(DataModuleError):
     """Raised for audio data that a model cannot train or be evaluated on."""
 
 
@@ -349,7 +346,7 @@ def load_feature_extractor(model_dir: str | Path | None) -> Any:  # noqa: ANN401
                              " is model_dir a vision or text model?")
     from transformers import Wav2Vec2FeatureExtractor
 
-    return Wav2Vec2FeatureExtractor.from_pretrained(str(path))
+    return Wav2Vec2FeatureExtractor.from_pretrained(str(path), local_files_only=True)
 
 
 # ------------------------------------------------------------------------ datamodule
@@ -436,13 +433,8 @@ class AudioDataModule(SplitDataModule):
     def _check_args(self) -> None:
         hp = self.hparams
         check_split_args(hp, AudioDataError)
-        if hp.dataset in (None, FOLDER):
-            if hp.root is None:
-                raise AudioDataError(f"Set data.dataset to one of {list(SHIPPED)} or data.root to an audio"
-                                     " folder root/<class>/*.wav.")
-        elif hp.dataset not in SHIPPED:
-            raise AudioDataError(f"Unknown audio data set {hp.dataset!r}; choose one of {list(SHIPPED)}, or"
-                                 f" '{FOLDER}' with data.root.")
+        check_source_choice(hp.dataset, hp.root, list(SHIPPED), "audio", "root/<class>/*.wav.",
+                            AudioDataError)
         test = hp.test_dataset
         if test is not None and test not in SHIPPED and not Path(test).expanduser().is_dir():
             raise AudioDataError(f"test_dataset {test!r} is neither one of {list(SHIPPED)} nor an existing"

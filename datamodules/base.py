@@ -9,7 +9,7 @@ split seed and the epoch (``EpochSeededRandomSampler``), so resumed runs match.
 
 from __future__ import annotations
 
-from abc import abstractmethod
+from abc import ABC, abstractmethod
 from typing import Any
 
 import lightning as L
@@ -19,17 +19,29 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 
+class DataModuleError(ValueError):
+    """Raised for data a datamodule cannot prepare: bad arguments, files or contents.
+
+    Every datamodule's own error type (``TabularDataError``, ``ImageDataError``, ...)
+    derives from it, so ``except DataModuleError`` catches them all.
+    """
+
+
 def collate_batch(batch: dict[str, Tensor]) -> dict[str, Tensor]:
     """Identity collate: ``__getitems__`` already returns a batch."""
     return batch
 
 
-class BatchDataset(Dataset):
+class BatchDataset(Dataset, ABC):
     """An in-memory split that builds whole batches in ``__getitems__``.
 
-    Subclasses implement ``__len__`` and ``__getitems__``; a single item is the first row
-    of a one-row batch, so both paths share one preprocessing.
+    Subclasses implement ``__len__`` and ``__getitems__`` (enforced at instantiation); a
+    single item is the first row of a one-row batch, so both paths share one preprocessing.
     """
+
+    @abstractmethod
+    def __len__(self) -> int:
+        """Rows in the split."""
 
     def __getitem__(self, index: int) -> dict[str, Tensor]:
         batch = self.__getitems__([index])
@@ -62,12 +74,12 @@ class EpochSeededRandomSampler(Sampler[int]):
         return self.n
 
 
-class SplitDataModule(L.LightningDataModule):
+class SplitDataModule(L.LightningDataModule, ABC):
     """Lazy, validated, seeded splits held in memory, described by ``spec``.
 
-    Subclasses implement ``_prepare`` (set ``self._spec`` and ``self._splits`` with at
-    least ``train``, ``val`` and ``test``) and keep ``split_seed``, ``batch_size``,
-    ``eval_batch_size`` and ``num_workers`` in their hyperparameters.
+    Subclasses implement ``_prepare`` (enforced at instantiation; it sets ``self._spec`` and
+    ``self._splits`` with at least ``train``, ``val`` and ``test``) and keep ``split_seed``,
+    ``batch_size``, ``eval_batch_size`` and ``num_workers`` in their hyperparameters.
     """
 
     def __init__(self) -> None:

@@ -34,11 +34,11 @@ from typing import Any
 import numpy as np
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
-from sklearn.model_selection import train_test_split
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
-from ripieno.datamodules.base import SplitDataModule
+from ripieno.datamodules.base import BatchDataset, DataModuleError, SplitDataModule
+from ripieno.datamodules.splits import check_split_args, seeded_splits
 from ripieno.framework.image_spec import ImageSpec
 
 FASHION_MNIST_DEBIAN_ROOT = "/usr/share/datasets/fashion-mnist"
@@ -47,7 +47,7 @@ FASHION_MNIST_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", 
 DIGIT_CLASSES = [str(d) for d in range(10)]
 
 
-class ImageDataError(ValueError):
+class ImageDataError(DataModuleError):
     """Raised for image data that a model cannot train or be evaluated on."""
 
 
@@ -55,9 +55,8 @@ class MissingImageDataError(ImageDataError, FileNotFoundError):
     """Raised when a data set's folder or files are not on disk (downloads are disabled)."""
 
 
-# ------------------------------------------------------------------------------- spec
 # ---------------------------------------------------------------------------- dataset
-class ImageArrayDataset(Dataset):
+class ImageArrayDataset(BatchDataset):
     """``uint8`` images as dict batches ``{"x": float (B, C, H, W), "y": long (B,)}``.
 
     ``x = (image / max_value - mean) / std`` per channel (``mean = 0, std = 1`` without
@@ -75,10 +74,6 @@ class ImageArrayDataset(Dataset):
 
     def __len__(self) -> int:
         return len(self.labels)
-
-    def __getitem__(self, index: int) -> dict[str, Tensor]:
-        batch = self.__getitems__([index])
-        return {"x": batch["x"][0], "y": batch["y"][0]}
 
     def __getitems__(self, indices: list[int]) -> dict[str, Tensor]:
         idx = torch.as_tensor(indices)
@@ -390,14 +385,7 @@ class ImageDataModule(SplitDataModule):
                                      f" {sorted(SOURCES)}.")
         if hp.ood_dataset == hp.dataset:
             raise ImageDataError(f"ood_dataset must differ from dataset (both {hp.dataset!r}).")
-        for key in ("val_size", "test_size"):
-            if not 0.0 < hp[key] < 1.0:
-                raise ImageDataError(f"{key} must be a fraction in (0, 1), got {hp[key]}.")
-        for key in ("batch_size", "eval_batch_size"):
-            if hp[key] < 1:
-                raise ImageDataError(f"{key} must be a positive integer, got {hp[key]}.")
-        if hp.max_train_rows is not None and hp.max_train_rows < 2:
-            raise ImageDataError(f"max_train_rows must be at least 2 (or null), got {hp.max_train_rows}.")
+        check_split_args(hp, ImageDataError)
         if hp.ood_dataset is not None:
             id_shape, ood_shape = SOURCES[hp.dataset].shape, SOURCES[hp.ood_dataset].shape
             if id_shape != ood_shape:
@@ -418,19 +406,14 @@ class ImageDataModule(SplitDataModule):
         self._check_args()
         raw = load_source(hp.dataset, hp.root)
         n_classes = len(raw.class_names)
-        seed = hp.split_seed
-
-        if raw.test_x is None:
-            all_rows = np.arange(len(raw.train_y))
-            pool, test_rows = _stratified_split(all_rows, raw.train_y, hp.test_size, seed, "test_size")
-            test_x, test_y = raw.train_x[test_rows], raw.train_y[test_rows]
-        else:
-            pool = np.arange(len(raw.train_y))
+        official_test = raw.test_x is not None
+        rows = seeded_splits(raw.train_y, hp.val_size, None if official_test else hp.test_size,
+                             hp.split_seed, hp.max_train_rows, error=ImageDataError)
+        train_rows, val_rows = rows["train"], rows["val"]
+        if official_test:
             test_x, test_y = raw.test_x, raw.test_y
-
-        if hp.max_train_rows is not None and hp.max_train_rows < len(pool):
-            pool = _stratified_subset(pool, raw.train_y, hp.max_train_rows, seed)
-        train_rows, val_rows = _stratified_split(pool, raw.train_y, hp.val_size, seed, "val_size")
+        else:
+            test_x, test_y = raw.train_x[rows["test"]], raw.train_y[rows["test"]]
         train_x = raw.train_x[train_rows]
 
         mean = std = None
@@ -475,28 +458,3 @@ def channel_stats(images: np.ndarray, max_value: int) -> tuple[np.ndarray, np.nd
         std.append(np.sqrt(counts @ (values - m) ** 2 / counts.sum()))
     return np.asarray(mean, dtype=np.float32), np.asarray(std, dtype=np.float32)
 
-
-def _stratified_subset(rows: np.ndarray, labels: np.ndarray, n: int, seed: int) -> np.ndarray:
-    """``n`` of ``rows``, stratified by label (plain seeded sampling when almost all are kept)."""
-    n_classes = len(np.unique(labels[rows]))
-    if len(rows) - n < n_classes:  # too few dropped rows to stratify; the subset is nearly whole
-        return np.sort(np.random.default_rng(seed).choice(rows, size=n, replace=False))
-    return _stratified_split(rows, labels, len(rows) - n, seed, "max_train_rows")[0]
-
-
-def _stratified_split(rows: np.ndarray, labels: np.ndarray, size: float | int, seed: int,
-                      arg: str) -> tuple[np.ndarray, np.ndarray]:
-    """Split ``rows`` into (kept, held out) with ``size`` held out, stratified by label."""
-    y = labels[rows]
-    n_classes = len(np.unique(y))
-    n_out = size if isinstance(size, int) else round(len(rows) * size)
-    if min(n_out, len(rows) - n_out) < n_classes:
-        raise ImageDataError(
-            f"{arg} leaves {n_out} of {len(rows)} rows on one side of a stratified split, fewer than"
-            f" the {n_classes} classes it must hold; raise {arg} or max_train_rows."
-        )
-    try:
-        kept, held = train_test_split(rows, test_size=n_out, random_state=seed, stratify=y)
-    except ValueError as err:
-        raise ImageDataError(f"Cannot split stratified by class for {arg}: {err}") from err
-    return np.sort(kept), np.sort(held)

@@ -37,7 +37,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torch.utils.data import DataLoader
 
-from ripieno.datamodules.base import BatchDataset, SplitDataModule
+from ripieno.datamodules.base import BatchDataset, DataModuleError, SplitDataModule
 from ripieno.framework.loes import SELECTORS, LayerSelection
 from ripieno.framework.loes.features import (
     Pooling,
@@ -87,18 +87,18 @@ def instantiate_source(source: dict[str, Any] | L.LightningDataModule) -> L.Ligh
     if isinstance(source, L.LightningDataModule):
         return source
     if not isinstance(source, dict) or "class_path" not in source:
-        raise TypeError("source must be a LightningDataModule or {class_path: ..., init_args: {...}},"
-                        f" got {source!r}.")
+        raise DataModuleError("source must be a LightningDataModule or {class_path: ..., init_args: {...}},"
+                              f" got {source!r}.")
     module_name, _, class_name = str(source["class_path"]).rpartition(".")
     if not module_name:
-        module_name, class_name = "datamodules", class_name
+        module_name, class_name = "ripieno.datamodules", class_name
     try:
         cls = getattr(importlib.import_module(module_name), class_name)
     except (ImportError, AttributeError) as error:
-        raise ValueError(f"Unknown source class_path {source['class_path']!r}"
-                         " (e.g. ripieno.datamodules.TextDataModule).") from error
+        raise DataModuleError(f"Unknown source class_path {source['class_path']!r}"
+                              " (e.g. ripieno.datamodules.TextDataModule).") from error
     if not (isinstance(cls, type) and issubclass(cls, L.LightningDataModule)):
-        raise TypeError(f"source class_path {source['class_path']!r} is not a LightningDataModule.")
+        raise DataModuleError(f"source class_path {source['class_path']!r} is not a LightningDataModule.")
     return cls(**dict(source.get("init_args") or {}))
 
 
@@ -177,16 +177,17 @@ class LayerEmbeddingDataModule(SplitDataModule):
     def _check_args(self) -> None:
         hp = self.hparams
         if hp.selection not in SELECTIONS:
-            raise ValueError(f"Unknown selection {hp.selection!r}; choose one of {SELECTIONS}.")
+            raise DataModuleError(f"Unknown selection {hp.selection!r}; choose one of {SELECTIONS}.")
         if hp.selection == "fixed" and not hp.layers:
-            raise ValueError("selection='fixed' needs layers=[...] (hidden-state indices).")
+            raise DataModuleError("selection='fixed' needs layers=[...] (hidden-state indices).")
         if hp.k < 1:
-            raise ValueError(f"k (the layer budget) must be >= 1, got {hp.k}.")
+            raise DataModuleError(f"k (the layer budget) must be >= 1, got {hp.k}.")
         if hp.calibration not in ("train", "val"):
-            raise ValueError(f"calibration must be 'train' or 'val' (never 'test'), got {hp.calibration!r}.")
+            raise DataModuleError(f"calibration must be 'train' or 'val' (never 'test'),"
+                                  f" got {hp.calibration!r}.")
         if hp.build_backbone is not None and hp.build_backbone not in SMALL_BACKBONES:
-            raise ValueError(f"build_backbone must be one of {SMALL_BACKBONES} or null,"
-                             f" got {hp.build_backbone!r}.")
+            raise DataModuleError(f"build_backbone must be one of {SMALL_BACKBONES} or null,"
+                                  f" got {hp.build_backbone!r}.")
 
     @property
     def source(self) -> L.LightningDataModule:
@@ -280,13 +281,13 @@ class LayerEmbeddingDataModule(SplitDataModule):
         if hp.selection == "fixed":
             bad = [i for i in hp.layers if not 0 <= i < n_layers]
             if bad:
-                raise ValueError(f"layers {bad} are out of range: the backbone has {n_layers} hidden states"
-                                 f" (0 = embeddings .. {n_layers - 1}).")
+                raise DataModuleError(f"layers {bad} are out of range: the backbone has {n_layers} hidden"
+                                      f" states (0 = embeddings .. {n_layers - 1}).")
             return list(hp.layers)
         if hp.selection == "all":
             return list(range(n_layers))
         if hp.k > n_layers:
-            raise ValueError(f"k={hp.k} exceeds the backbone's {n_layers} hidden states.")
+            raise DataModuleError(f"k={hp.k} exceeds the backbone's {n_layers} hidden states.")
         emb, labels = calibration
         if hp.calibration_rows is not None and hp.calibration_rows < len(labels):
             generator = torch.Generator().manual_seed(hp.split_seed)

@@ -14,23 +14,28 @@ import numpy as np
 import pandas as pd
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
-from sklearn.model_selection import train_test_split
 from sklearn.preprocessing import QuantileTransformer, StandardScaler
 from torch import Tensor
-from torch.utils.data import Dataset
 
 # EpochSeededRandomSampler and collate_batch landed here first: re-exported for existing imports.
-from ripieno.datamodules.base import EpochSeededRandomSampler, SplitDataModule, collate_batch  # noqa: F401
+from ripieno.datamodules.base import (  # noqa: F401
+    BatchDataset,
+    DataModuleError,
+    EpochSeededRandomSampler,
+    SplitDataModule,
+    collate_batch,
+)
+from ripieno.datamodules.splits import check_split_args, split_rows
 from ripieno.datamodules.tabular_sources import SOURCES
 from ripieno.framework.nn.embeddings import compute_bins
 from ripieno.framework.tabular_spec import TabularSpec
 
 
-class TabularDataError(ValueError):
+class TabularDataError(DataModuleError):
     """Raised for input data that a tabular model cannot train on."""
 
 
-class TabularTensorDataset(Dataset):
+class TabularTensorDataset(BatchDataset):
     """Rows as dicts ``{"x_num", "x_cat", "y"}``, fetched a whole batch at a time."""
 
     def __init__(self, x_num: Tensor, x_cat: Tensor, y: Tensor) -> None:
@@ -38,9 +43,6 @@ class TabularTensorDataset(Dataset):
 
     def __len__(self) -> int:
         return len(self.y)
-
-    def __getitem__(self, index: int) -> dict[str, Tensor]:
-        return {"x_num": self.x_num[index], "x_cat": self.x_cat[index], "y": self.y[index]}
 
     def __getitems__(self, indices: list[int]) -> dict[str, Tensor]:
         idx = torch.as_tensor(indices)
@@ -144,8 +146,16 @@ class TabularDataModule(SplitDataModule):
         return (source.load(), hp.target or source.target, categorical, drop, task,
                 hp.target_transform or source.target_transform)
 
+    def _check_args(self) -> None:
+        hp = self.hparams
+        check_split_args(hp, TabularDataError, cap="max_rows", min_rows=3)
+        if hp.val_size + hp.test_size >= 1.0:
+            raise TabularDataError(f"val_size + test_size = {hp.val_size + hp.test_size} leaves no training"
+                                   " rows.")
+
     def _prepare(self) -> None:
         hp = self.hparams
+        self._check_args()
         frame, target, categorical, drop, task, target_transform = self._load_frame()
         _check_columns(frame, target, categorical, drop)
         if hp.max_rows is not None and hp.max_rows < len(frame):
@@ -158,9 +168,8 @@ class TabularDataModule(SplitDataModule):
         task = _resolve_task(task, y_raw)
         y, class_names = _encode_target(y_raw, target, task, target_transform)
 
-        idx = np.arange(len(frame))
         stratify = y if task != "regression" else None
-        train_idx, val_idx, test_idx = _split_indices(idx, stratify, hp.val_size, hp.test_size,
+        train_idx, val_idx, test_idx = _split_indices(len(frame), stratify, hp.val_size, hp.test_size,
                                                       hp.split_seed)
         if task != "regression":
             _check_labels_seen(y, train_idx, {"val": val_idx, "test": test_idx}, class_names)
@@ -303,14 +312,9 @@ def _encode_target(y: pd.Series, name: str, task: str, transform: str) -> tuple[
 
 
 def _split_indices(
-    idx: np.ndarray, stratify: np.ndarray | None, val_size: float, test_size: float, seed: int
+    n: int, stratify: np.ndarray | None, val_size: float, test_size: float, seed: int
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    for name, size in (("val_size", val_size), ("test_size", test_size)):
-        if not 0.0 < size < 1.0:
-            raise TabularDataError(f"{name} must be a fraction in (0, 1), got {size}.")
-    if val_size + test_size >= 1.0:
-        raise TabularDataError(f"val_size + test_size = {val_size + test_size} leaves no training rows.")
-    n = len(idx)
+    """Sorted train/val/test rows: ``test_size`` and ``val_size`` of all ``n`` rows, stratified by label."""
     sizes = {"test": round(n * test_size), "val": round(n * val_size)}
     sizes["train"] = n - sizes["test"] - sizes["val"]
     empty = [k for k, v in sizes.items() if v < 1]
@@ -327,11 +331,12 @@ def _split_indices(
                 f"Class code(s) {rare} have fewer than 3 rows, too few to appear in train, val and"
                 " test; merge or drop those classes."
             )
-    rest, test = train_test_split(idx, test_size=sizes["test"], random_state=seed,
-                                  stratify=stratify)
-    train, val = train_test_split(rest, test_size=sizes["val"], random_state=seed,
-                                  stratify=None if stratify is None else stratify[rest])
-    return np.sort(train), np.sort(val), np.sort(test)
+    # Validation rows are drawn from ``rest`` in its shuffled order, as always, so seeds keep their rows.
+    rest, test = split_rows(np.arange(n), stratify, sizes["test"], seed, arg="test_size", cap="max_rows",
+                            error=TabularDataError, sort=False)
+    train, val = split_rows(rest, stratify, sizes["val"], seed, arg="val_size", cap="max_rows",
+                            error=TabularDataError)
+    return train, val, np.sort(test)
 
 
 def _check_labels_seen(y: np.ndarray, train: np.ndarray, others: dict[str, np.ndarray],

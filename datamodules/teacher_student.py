@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
-from ripieno.datamodules.base import EpochSeededRandomSampler, SplitDataModule
+from ripieno.datamodules.base import BatchDataset, DataModuleError, EpochSeededRandomSampler, SplitDataModule
 from ripieno.framework.mcover.perceptron import INPUTS, Inputs, TeacherStudentSpec, teacher_student_data
 
 
-class PatternDataset(Dataset):
+class PatternDataset(BatchDataset):
     """Patterns and labels as dict batches ``{"x": (B, N), "y": (B,)}``."""
 
     def __init__(self, x: Tensor, y: Tensor) -> None:
@@ -30,9 +30,6 @@ class PatternDataset(Dataset):
 
     def __len__(self) -> int:
         return len(self.y)
-
-    def __getitem__(self, index: int) -> dict[str, Tensor]:
-        return {"x": self.x[index], "y": self.y[index]}
 
     def __getitems__(self, indices: list[int]) -> dict[str, Tensor]:
         idx = torch.as_tensor(indices)
@@ -72,19 +69,19 @@ class TeacherStudentDataModule(SplitDataModule):
         super().__init__()
         self.save_hyperparameters()
         if n_inputs < 1:
-            raise ValueError(f"n_inputs must be >= 1, got {n_inputs}.")
+            raise DataModuleError(f"n_inputs must be >= 1, got {n_inputs}.")
         if alpha <= 0 or round(alpha * n_inputs) < 1:
-            raise ValueError(f"alpha * n_inputs must round to at least one training pattern, got"
-                             f" alpha={alpha} with n_inputs={n_inputs}.")
+            raise DataModuleError(f"alpha * n_inputs must round to at least one training pattern, got"
+                                  f" alpha={alpha} with n_inputs={n_inputs}.")
         if inputs not in INPUTS:
-            raise ValueError(f"inputs must be one of {INPUTS}, got {inputs!r}.")
+            raise DataModuleError(f"inputs must be one of {INPUTS}, got {inputs!r}.")
         if not 0.0 <= label_noise <= 0.5:
-            raise ValueError(f"label_noise is a flip probability in [0, 0.5], got {label_noise}.")
+            raise DataModuleError(f"label_noise is a flip probability in [0, 0.5], got {label_noise}.")
         if n_val < 1 or n_test < 1:
-            raise ValueError(f"n_val and n_test must be >= 1, got {n_val} and {n_test}.")
+            raise DataModuleError(f"n_val and n_test must be >= 1, got {n_val} and {n_test}.")
         for name, value in (("batch_size", batch_size), ("eval_batch_size", eval_batch_size)):
             if value is not None and value < 1:
-                raise ValueError(f"{name} must be >= 1 or None (a whole split per batch), got {value}.")
+                raise DataModuleError(f"{name} must be >= 1 or None (a whole split per batch), got {value}.")
 
     def _prepare(self) -> None:
         hp = self.hparams

@@ -34,11 +34,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
-from sklearn.model_selection import train_test_split
 from torch import Tensor
-from torch.utils.data import Dataset
 
-from ripieno.datamodules.base import SplitDataModule
+from ripieno.datamodules.base import BatchDataset, DataModuleError, SplitDataModule
+from ripieno.datamodules.splits import check_split_args, split_rows, stratified_subset
 from ripieno.framework.text_spec import TextSpec
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -51,7 +50,7 @@ ROTTEN_TOMATOES_CLASSES = ["rotten", "fresh"]
 SHIPPED = ("rotten_tomatoes",)
 
 
-class TextDataError(ValueError):
+class TextDataError(DataModuleError):
     """Raised for text data that a model cannot train or be evaluated on."""
 
 
@@ -60,7 +59,7 @@ class MissingTextDataError(TextDataError, FileNotFoundError):
 
 
 # ---------------------------------------------------------------------------- dataset
-class TokenizedTextDataset(Dataset):
+class TokenizedTextDataset(BatchDataset):
     """Pre-tokenised texts as dict batches ``{"input_ids", "attention_mask", "y"}`` (all long).
 
     ``texts`` keeps the raw strings and ``rows`` their positions in the source table.
@@ -73,10 +72,6 @@ class TokenizedTextDataset(Dataset):
 
     def __len__(self) -> int:
         return len(self.labels)
-
-    def __getitem__(self, index: int) -> dict[str, Tensor]:
-        batch = self.__getitems__([index])
-        return {key: value[0] for key, value in batch.items()}
 
     def __getitems__(self, indices: list[int]) -> dict[str, Tensor]:
         idx = torch.as_tensor(indices)
@@ -348,16 +343,10 @@ class TextDataModule(SplitDataModule):
 
     def _check_args(self) -> None:
         hp = self.hparams
-        for key in ("val_size", "test_size"):
-            if not 0.0 < hp[key] < 1.0:
-                raise TextDataError(f"{key} must be a fraction in (0, 1), got {hp[key]}.")
-        for key in ("batch_size", "eval_batch_size", "max_length"):
-            if hp[key] < 1:
-                raise TextDataError(f"{key} must be a positive integer, got {hp[key]}.")
+        check_split_args(hp, TextDataError, positive=("batch_size", "eval_batch_size", "max_length"),
+                         cap="max_rows", min_rows=6)
         if hp.build_tokenizer and hp.vocab_size < 300:
             raise TextDataError(f"vocab_size must be at least 300 (256 bytes + merges), got {hp.vocab_size}.")
-        if hp.max_rows is not None and hp.max_rows < 6:
-            raise TextDataError(f"max_rows must be at least 6 (or null), got {hp.max_rows}.")
         if hp.tokenizer_dir is None and not hp.build_tokenizer:
             raise MissingTextDataError(
                 "No tokenizer: set data.tokenizer_dir to a local Hugging Face tokenizer directory"
@@ -378,13 +367,15 @@ class TextDataModule(SplitDataModule):
             raise TextDataError(f"{hp.dataset!r} has a single label ({name!r}); classification needs at"
                                 f" least two (check data.label_column={hp.label_column!r}).")
         rows = np.arange(len(raw.labels))
-        seed = hp.split_seed
+        seed, cap = hp.split_seed, "max_rows"
         if hp.max_rows is not None and hp.max_rows < len(rows):
-            rows = _stratified_subset(rows, raw.labels, hp.max_rows, seed)
-        pool, test_rows = _stratified_split(rows, raw.labels, hp.test_size, seed, "test_size")
-        train_rows, val_rows = _stratified_split(pool, raw.labels, hp.val_size, seed, "val_size")
-        split_rows = {"train": train_rows, "val": val_rows, "test": test_rows}
-        split_texts = {name: [raw.texts[i] for i in r] for name, r in split_rows.items()}
+            rows = stratified_subset(rows, raw.labels, hp.max_rows, seed, cap=cap, error=TextDataError)
+        pool, test_rows = split_rows(rows, raw.labels, hp.test_size, seed, arg="test_size", cap=cap,
+                                     error=TextDataError)
+        train_rows, val_rows = split_rows(pool, raw.labels, hp.val_size, seed, arg="val_size", cap=cap,
+                                          error=TextDataError)
+        rows_by_split = {"train": train_rows, "val": val_rows, "test": test_rows}
+        split_texts = {name: [raw.texts[i] for i in r] for name, r in rows_by_split.items()}
 
         tokenizer_dir = self.resolved_tokenizer_dir()
         if hp.build_tokenizer:
@@ -392,7 +383,7 @@ class TextDataModule(SplitDataModule):
         self.tokenizer = tokenizer = load_tokenizer(tokenizer_dir)
 
         self._splits = {}
-        for name, r in split_rows.items():
+        for name, r in rows_by_split.items():
             ids, mask = tokenize(tokenizer, split_texts[name], hp.max_length)
             labels = torch.from_numpy(raw.labels[r].astype(np.int64))
             self._splits[name] = TokenizedTextDataset(ids, mask, labels, split_texts[name], r)
@@ -403,28 +394,3 @@ class TextDataModule(SplitDataModule):
             n_test=len(test_rows), dataset=hp.dataset,
         )
 
-
-def _stratified_subset(rows: np.ndarray, labels: np.ndarray, n: int, seed: int) -> np.ndarray:
-    """``n`` of ``rows``, stratified by label (plain seeded sampling when almost all are kept)."""
-    n_classes = len(np.unique(labels[rows]))
-    if len(rows) - n < n_classes:
-        return np.sort(np.random.default_rng(seed).choice(rows, size=n, replace=False))
-    return _stratified_split(rows, labels, len(rows) - n, seed, "max_rows")[0]
-
-
-def _stratified_split(rows: np.ndarray, labels: np.ndarray, size: float | int, seed: int,
-                      arg: str) -> tuple[np.ndarray, np.ndarray]:
-    """Split ``rows`` into (kept, held out) with ``size`` held out, stratified by label."""
-    y = labels[rows]
-    n_classes = len(np.unique(y))
-    n_out = size if isinstance(size, int) else round(len(rows) * size)
-    if min(n_out, len(rows) - n_out) < n_classes:
-        raise TextDataError(
-            f"{arg} leaves {n_out} of {len(rows)} rows on one side of a stratified split, fewer than"
-            f" the {n_classes} classes it must hold; raise {arg} or max_rows."
-        )
-    try:
-        kept, held = train_test_split(rows, test_size=n_out, random_state=seed, stratify=y)
-    except ValueError as err:
-        raise TextDataError(f"Cannot split stratified by class for {arg}: {err}") from err
-    return np.sort(kept), np.sort(held)

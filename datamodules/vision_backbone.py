@@ -37,15 +37,10 @@ import torch
 from PIL import Image
 from torch import Tensor
 
-from ripieno.datamodules.base import BatchDataset, SplitDataModule
+from ripieno.datamodules.base import BatchDataset, DataModuleError, SplitDataModule
 from ripieno.datamodules.images import SOURCES as IMAGE_SOURCES
-from ripieno.datamodules.images import (
-    ImageDataError,
-    MissingImageDataError,
-    _stratified_split,
-    _stratified_subset,
-    load_source,
-)
+from ripieno.datamodules.images import ImageDataError, MissingImageDataError, load_source
+from ripieno.datamodules.splits import check_split_args, seeded_splits
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -94,12 +89,12 @@ class BackboneDataSpec:
         self.class_names = [str(c) for c in self.class_names]
         self.input_keys = [str(k) for k in self.input_keys]
         if self.n_classes < 2 or len(self.class_names) != self.n_classes:
-            raise ValueError(f"n_classes={self.n_classes} needs >= 2 classes and as many class_names"
-                             f" (got {len(self.class_names)}).")
+            raise DataModuleError(f"n_classes={self.n_classes} needs >= 2 classes and as many class_names"
+                                  f" (got {len(self.class_names)}).")
         if not self.input_keys or "y" in self.input_keys:
-            raise ValueError(f"input_keys must name the model inputs (not 'y'), got {self.input_keys}.")
+            raise DataModuleError(f"input_keys must name the model inputs (not 'y'), got {self.input_keys}.")
         if self.modality not in ("image", "audio"):
-            raise ValueError(f"modality must be 'image' or 'audio', got {self.modality!r}.")
+            raise DataModuleError(f"modality must be 'image' or 'audio', got {self.modality!r}.")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-Python form (safe for YAML hparams and ``weights_only`` checkpoints)."""
@@ -140,7 +135,7 @@ class ImagePreprocessor:
             from transformers import AutoImageProcessor
 
             try:
-                self.processor = AutoImageProcessor.from_pretrained(str(path))
+                self.processor = AutoImageProcessor.from_pretrained(str(path), local_files_only=True)
             except (OSError, ValueError, KeyError) as err:
                 reason = str(err).split(". ")[0]  # transformers appends a very long list of model types
                 raise ImageDataError(f"{str(path / 'preprocessor_config.json')!r} is not an image processor"
@@ -168,6 +163,26 @@ class ImagePreprocessor:
 def load_image_preprocessor(model_dir: str | Path | None) -> ImagePreprocessor:
     """The image preprocessing saved in ``model_dir`` (Hugging Face or timm), loaded offline."""
     return ImagePreprocessor(model_dir)
+
+
+def check_source_choice(dataset: str | None, root: str | None, names: list[str], kind: str, layout: str,
+                        error: type[DataModuleError]) -> None:
+    """Check that ``dataset`` is one of ``names``, or ``folder`` (or ``None``) with a ``root``.
+
+    Args:
+        dataset: the chosen source.
+        root: the folder of a ``folder`` source.
+        names: the shipped sources.
+        kind: ``image`` or ``audio``, for messages.
+        layout: the folder layout, for messages (e.g. ``root/<class>/*.wav``).
+        error: the datamodule's error type.
+    """
+    if dataset in (None, FOLDER):
+        if root is None:
+            raise error(f"Set data.dataset to one of {names} or data.root to an {kind} folder {layout}.")
+    elif dataset not in names:
+        raise error(f"Unknown {kind} data set {dataset!r}; choose one of {names}, or '{FOLDER}' with"
+                    " data.root.")
 
 
 def resolve_model_dir(model_dir: str | Path | None, kind: str, processor: str,
@@ -286,52 +301,6 @@ def scan_image_folder(root: str | Path) -> ImageFolder:
     return ImageFolder(paths=paths, labels=np.asarray(labels, dtype=np.int64), class_names=classes)
 
 
-# ---------------------------------------------------------------------------- splits
-def seeded_splits(
-    labels: np.ndarray,
-    val_size: float,
-    test_size: float | None,
-    seed: int,
-    max_train_rows: int | None = None,
-    error: type[Exception] = ImageDataError,
-) -> dict[str, np.ndarray]:
-    """Stratified, seeded ``train`` / ``val`` / ``test`` row indices of ``labels``.
-
-    ``test_size`` of the rows go to ``test`` first (none when ``test_size`` is ``None``,
-    for sources with their own test set); ``max_train_rows`` then caps the rest (a
-    stratified subset), of which ``val_size`` go to ``val``. The same seed gives the same
-    splits, and the three are disjoint.
-    """
-    rows = np.arange(len(labels))
-    try:
-        if test_size is None:
-            pool, test = rows, np.empty(0, dtype=np.int64)
-        else:
-            pool, test = _stratified_split(rows, labels, test_size, seed, "test_size")
-        if max_train_rows is not None and max_train_rows < len(pool):
-            pool = _stratified_subset(pool, labels, max_train_rows, seed)
-        train, val = _stratified_split(pool, labels, val_size, seed, "val_size")
-    except ImageDataError as err:
-        if issubclass(ImageDataError, error):
-            raise
-        raise error(str(err)) from err
-    return {"train": train, "val": val, "test": test}
-
-
-def check_split_args(hparams: Any, error: type[Exception]) -> None:  # noqa: ANN401
-    """Validate the split, batch and worker hyperparameters shared by the backbone datamodules."""
-    for key in ("val_size", "test_size"):
-        if not 0.0 < hparams[key] < 1.0:
-            raise error(f"{key} must be a fraction in (0, 1), got {hparams[key]}.")
-    for key in ("batch_size", "eval_batch_size"):
-        if hparams[key] < 1:
-            raise error(f"{key} must be a positive integer, got {hparams[key]}.")
-    if hparams.max_train_rows is not None and hparams.max_train_rows < 2:
-        raise error(f"max_train_rows must be at least 2 (or null), got {hparams.max_train_rows}.")
-    if hparams.num_workers < 0:
-        raise error(f"num_workers must be >= 0, got {hparams.num_workers}.")
-
-
 # ---------------------------------------------------------------------------- dataset
 class BackboneImageDataset(BatchDataset):
     """Images as dict batches ``{"pixel_values": float (B, 3, H, W), "y": long (B,)}``.
@@ -422,13 +391,8 @@ class BackboneImageDataModule(SplitDataModule):
     def _check_args(self) -> None:
         hp = self.hparams
         check_split_args(hp, ImageDataError)
-        if hp.dataset in (None, FOLDER):
-            if hp.root is None:
-                raise ImageDataError(f"Set data.dataset to one of {sorted(IMAGE_SOURCES)} or data.root to an"
-                                     " image folder root/<class>/*.png|jpg.")
-        elif hp.dataset not in IMAGE_SOURCES:
-            raise ImageDataError(f"Unknown image data set {hp.dataset!r}; choose one of"
-                                 f" {sorted(IMAGE_SOURCES)}, or '{FOLDER}' with data.root.")
+        check_source_choice(hp.dataset, hp.root, sorted(IMAGE_SOURCES), "image", "root/<class>/*.png|jpg.",
+                            ImageDataError)
 
     def _prepare(self) -> None:
         hp = self.hparams
@@ -437,7 +401,8 @@ class BackboneImageDataModule(SplitDataModule):
         seed = hp.split_seed
         if hp.dataset in (None, FOLDER):
             folder = scan_image_folder(hp.root)
-            rows = seeded_splits(folder.labels, hp.val_size, hp.test_size, seed, hp.max_train_rows)
+            rows = seeded_splits(folder.labels, hp.val_size, hp.test_size, seed, hp.max_train_rows,
+                                 error=ImageDataError)
             class_names, name = folder.class_names, str(Path(hp.root).expanduser())
             parts = {split: (FileImages([folder.paths[i] for i in r]), folder.labels[r])
                      for split, r in rows.items()}
@@ -445,7 +410,7 @@ class BackboneImageDataModule(SplitDataModule):
             raw = load_source(hp.dataset, hp.root)
             official_test = raw.test_x is not None
             rows = seeded_splits(raw.train_y, hp.val_size, None if official_test else hp.test_size, seed,
-                                 hp.max_train_rows)
+                                 hp.max_train_rows, error=ImageDataError)
             class_names, name = list(raw.class_names), hp.dataset
             parts = {split: (ArrayImages(raw.train_x, r, raw.max_value), raw.train_y[r])
                      for split, r in rows.items()}

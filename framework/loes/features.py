@@ -200,9 +200,6 @@ def load_pretrained_backbone(model_dir: str | Path) -> nn.Module:
     Raises:
         FileNotFoundError: the directory or its ``config.json`` is missing, with the fix.
     """
-    import os
-
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     path = Path(model_dir).expanduser()
     if not (path / "config.json").is_file():
         raise FileNotFoundError(
@@ -216,7 +213,7 @@ def load_pretrained_backbone(model_dir: str | Path) -> nn.Module:
         return timm.create_model(f"local-dir:{path}", pretrained=True)
     from transformers import AutoModel
 
-    return AutoModel.from_pretrained(str(path))
+    return AutoModel.from_pretrained(str(path), local_files_only=True)
 
 
 def minilm_dir() -> Path:

@@ -20,13 +20,10 @@ Command line::
 from __future__ import annotations
 
 import argparse
-import os
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
