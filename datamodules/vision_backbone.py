@@ -26,7 +26,6 @@ when the data is prepared, so unreadable images fail before any model runs.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -41,9 +40,6 @@ from ripieno.datamodules.base import BatchDataset, DataModuleError, SplitDataMod
 from ripieno.datamodules.images import SOURCES as IMAGE_SOURCES
 from ripieno.datamodules.images import ImageDataError, MissingImageDataError, load_source
 from ripieno.datamodules.splits import check_split_args, seeded_splits
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".webp")
 FOLDER = "folder"

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import sys
 import warnings
 from collections.abc import Iterator
@@ -140,9 +141,11 @@ def print_recipes() -> None:
     """Print every shipped recipe's name and one-line description."""
     recipes = list_recipes()
     width = max(len(r.name) for r in recipes)
+    room = max(shutil.get_terminal_size((120, 24)).columns - width - 4, 20)
     print("Shipped recipes (run one with `ripieno fit -c NAME`):")
     for recipe in recipes:
-        print(f"  {recipe.name:<{width}}  {recipe.description}")
+        text = recipe.description
+        print(f"  {recipe.name:<{width}}  {text if len(text) <= room else text[: room - 3] + '...'}")
 
 
 @contextmanager

@@ -15,6 +15,7 @@ Example:
 from __future__ import annotations
 
 import difflib
+import re
 from pathlib import Path
 from typing import NamedTuple
 
@@ -22,6 +23,7 @@ RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
 """Where the shipped recipes are: ``recipes/`` in a checkout, ``ripieno/recipes`` when installed."""
 
 SUFFIXES = (".yaml", ".yml")
+SENTENCE_END = re.compile(r"(?<=\w)\.\s+(?=[A-Z])")  # "et al. 2016" and "w_a . w_b" go on
 
 
 class RecipeNotFoundError(FileNotFoundError):
@@ -89,5 +91,5 @@ def _description(path: Path) -> str:
                 break
             lines.append(stripped.lstrip("#").strip())
     text = " ".join(lines)
-    end = text.find(". ")
-    return text if end < 0 else text[: end + 1]
+    end = SENTENCE_END.search(text)
+    return text if end is None else text[: end.start() + 1]
