@@ -86,8 +86,7 @@ def test_default_recipe_trains_and_tests_end_to_end(tmp_path, capsys):
     """A short real run: the model learns (test R^2 well above 0) and outputs are where it says."""
     main(["fit", "-c", "recipes/tabular/lometab_diamonds.yaml", "--trainer.max_epochs=2",
           "--data.init_args.max_rows=3000", "--trainer.enable_progress_bar=false",
-          f"--trainer.default_root_dir={tmp_path}",
-          f"--trainer.logger.init_args.save_dir={tmp_path}"])
+          f"--trainer.default_root_dir={tmp_path}"])
     out = capsys.readouterr().out
     r2 = float(next(line.split()[-1] for line in out.splitlines() if "test/r2" in line))
     assert r2 > 0.8
@@ -99,8 +98,7 @@ def test_default_recipe_trains_and_tests_end_to_end(tmp_path, capsys):
 
 def test_validate_and_predict_subcommands(tmp_path, capsys):
     main(["fit", "-c", "recipes/tabular/lometab_churn.yaml", "--trainer.max_epochs=1",
-          "--test_after_fit=false", f"--trainer.default_root_dir={tmp_path}",
-          f"--trainer.logger.init_args.save_dir={tmp_path}", *QUICK])
+          "--test_after_fit=false", f"--trainer.default_root_dir={tmp_path}", *QUICK])
     ckpt = next(Path(tmp_path).rglob("last.ckpt"))
     main(["validate", "-c", "recipes/tabular/lometab_churn.yaml", f"--ckpt_path={ckpt}",
           f"--trainer.default_root_dir={tmp_path}", "--trainer.logger=false", *QUICK])

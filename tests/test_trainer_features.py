@@ -48,7 +48,7 @@ def test_ddp_spawn_fit_matches_single_process_metrics(tmp_path):
 def test_tensorboard_logs_beside_csv(tmp_path, capsys):
     main(["fit", "-c", "recipes/tabular/lometab_churn.yaml", "--trainer.max_epochs=1",
           "--data.init_args.max_rows=600", "--trainer.enable_progress_bar=false",
-          f"--trainer.default_root_dir={tmp_path}", f"--trainer.logger.init_args.save_dir={tmp_path}"])
+          f"--trainer.default_root_dir={tmp_path}"])
     out = capsys.readouterr().out
     version_dir = next(tmp_path.rglob("metrics.csv")).parent
     assert list(version_dir.glob("events.out.tfevents.*")), "TensorBoard events next to metrics.csv"
