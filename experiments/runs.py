@@ -25,7 +25,6 @@ import argparse
 import contextlib
 import csv
 import logging
-import os
 import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -37,7 +36,7 @@ import yaml
 from lightning.pytorch.callbacks import Callback
 
 from ripieno.callbacks.diversity_monitor import DiversityMonitor
-from ripieno.framework.cli import RipienoCLI
+from ripieno.framework.cli import RipienoCLI, quiet_cli_notices
 from ripieno.framework.recipes import RecipeNotFoundError, find_recipe
 
 TaskFamily = Literal["classification", "regression"]
@@ -224,16 +223,8 @@ def make_cli(args: Sequence[str]) -> RipienoCLI:
     Returns:
         The CLI, with its ``model``, ``datamodule`` and ``trainer`` instantiated.
     """
-    name = "JSONARGPARSE_DEPRECATION_WARNINGS"
-    unset = name not in os.environ
-    os.environ.setdefault(name, "off")
-    try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
-            return RipienoCLI(args=list(args), run=False, save_config_callback=None)
-    finally:
-        if unset:
-            os.environ.pop(name, None)
+    with quiet_cli_notices():
+        return RipienoCLI(args=list(args), run=False, save_config_callback=None)
 
 
 class ValidationRecorder(Callback):

@@ -149,7 +149,7 @@ def print_recipes() -> None:
 
 
 @contextmanager
-def _quiet_cli_notices() -> Iterator[None]:
+def quiet_cli_notices() -> Iterator[None]:
     """Silence notices that are noise for ``ripieno`` users, for this call only.
 
     jsonargparse's deprecation notices (Lightning triggers them) and Lightning's warning that
@@ -182,5 +182,5 @@ def main(args: list[str] | None = None) -> None:
         args = resolve_config_args(args)
     except RecipeNotFoundError as error:
         raise SystemExit(f"ripieno: {error}") from None
-    with _quiet_cli_notices():
+    with quiet_cli_notices():
         RipienoCLI(save_config_kwargs={"overwrite": True}, args=args)

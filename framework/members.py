@@ -65,6 +65,11 @@ class MemberModel(Protocol):
     member_output_kind: MemberOutputKind
 
 
+def member_output_kind_of_task(task: str) -> MemberOutputKind:
+    """The kind of a task's member outputs: ``multiclass`` -> ``logits``, ``binary`` -> ``binary_logits``."""
+    return {"multiclass": "logits", "binary": "binary_logits"}.get(task, "regression")  # type: ignore[return-value]
+
+
 def check_member_output_kind(kind: str) -> MemberOutputKind:
     """``kind`` if it is one of ``MEMBER_OUTPUT_KINDS``, else a ``ValueError`` naming them."""
     if kind not in MEMBER_OUTPUT_KINDS:

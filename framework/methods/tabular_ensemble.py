@@ -16,7 +16,12 @@ import torchmetrics
 from torch import Tensor
 from torchmetrics import Metric, MetricCollection
 
-from ripieno.framework.members import StepOutput, member_probabilities, member_values
+from ripieno.framework.members import (
+    StepOutput,
+    member_output_kind_of_task,
+    member_probabilities,
+    member_values,
+)
 from ripieno.framework.methods.member_module import MemberModule
 from ripieno.framework.nn.embeddings import PiecewiseLinearEmbeddings
 from ripieno.framework.nn.ensemble_linear import Adapter, Compute, EnsembleLinear, ScalingInit
@@ -88,8 +93,7 @@ class TabularEnsembleModule(MemberModule):
             sigma_init=sigma_init, bins=spec.bin_tensors(), d_embedding=d_embedding,
             share_embeddings=share_embeddings, rank1_init=rank1_init, compute=compute,
         )
-        kind = {"multiclass": "logits", "binary": "binary_logits"}.get(self.task, "regression")
-        self.init_members(kind, spec.n_classes)
+        self.init_members(member_output_kind_of_task(spec.task), spec.n_classes)
 
     # ----------------------------------------------------------------- model interface
     @property

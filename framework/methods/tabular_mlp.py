@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from ripieno.framework.members import member_output_kind_of_task
 from ripieno.framework.methods.member_module import MemberModule
 from ripieno.framework.nn.embeddings import OneHotEncoding
 from ripieno.framework.tabular_spec import TabularSpec
@@ -61,8 +62,7 @@ class TabularMLP(MemberModule):
             with torch.no_grad():
                 self.head.weight.mul_(spec.target_std)
                 self.head.bias.fill_(spec.target_mean)
-        kind = {"multiclass": "logits", "binary": "binary_logits"}.get(spec.task, "regression")
-        self.init_members(kind, spec.n_classes)
+        self.init_members(member_output_kind_of_task(spec.task), spec.n_classes)
 
     def forward(self, x_num: Tensor | dict[str, Tensor], x_cat: Tensor | None = None) -> Tensor:
         """Outputs ``(B, d_out)``: regression values in target units, or logits."""
