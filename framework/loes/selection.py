@@ -26,14 +26,24 @@ return the same ``LayerSelection``; ``SELECTORS`` maps method names to all six.
 Regression losses are in units of ``y^2``: standardise ``y`` so that ``alpha``, ``gamma`` and ``eta``
 weigh the geometry terms comparably across tasks. Selection runs in float64 with autocast off.
 
-Differences from the public LOES code (``arnesh2212/loes``, ``loes/api.py``), each deliberate:
+Two variants. ``variant="reference"`` is the public LOES code (``loes/api.py``) exactly, with its
+defaults and its float32 (``ripieno.framework.loes.reference``, tested against its recorded
+outputs); use it to reproduce the paper. ``variant="ripieno"`` (the default, described above) is
+ours. Its differences from the reference, each deliberate, and why:
 the residual targets come from one ridge fit on all selected layers, not a running sum of
 per-step fits; the candidate is orthogonalised exactly (SVD) rather than by a ``1e-6`` ridge; Iso
 is bounded in ``[0, 1]`` (its ``mean / std`` is available as ``iso="mean_std"``) and is taken of
 the orthogonalised part at later steps, as Tri is; Red is centred linear CKA against the whole
 selection instead of the max uncentred ``||X^T S||_F / (||X||_F ||S||_F)`` over selected layers; Tri
 averages every class triple (or a seeded sample of distinct ones) in units of the candidate's total
-standard deviation instead of 200 random, possibly repeated, triples in raw units.
+standard deviation instead of 200 random, possibly repeated, triples in raw units. Why: one joint
+refit makes the residual targets what the selected layers together cannot explain (a running sum
+of per-step fits double-counts shared directions); the exact orthogonalisation does not leak the
+selected span through a ridge; a bounded Iso keeps ``alpha`` on the scale of the other terms (the
+reference's ``mean / std`` is unbounded, so ``1 - Iso`` can dominate or go very negative); CKA is
+invariant to rotations and scale, so Red compares information rather than raw dot products; and
+Tri over every triple in standard-deviation units is deterministic and comparable across layers of
+different scales. ``LayerSelection.variant`` records which variant chose the layers.
 """
 
 from __future__ import annotations
@@ -63,10 +73,13 @@ from ripieno.framework.loes.geometry import (
     span_basis,
     triangle_score,
 )
+from ripieno.framework.loes.reference import ReferenceWeights, reference_greedy
 
 Task = Literal["auto", "classification", "regression", "label_free"]
 ArrayLike = Tensor | np.ndarray
 LayerInput = Sequence[ArrayLike] | ArrayLike
+Variant = Literal["ripieno", "reference"]
+VARIANTS: tuple[str, ...] = ("ripieno", "reference")
 SCORE_COLUMNS = ["step", "layer", "ridge_loss", "iso", "red", "tri", "total", "selected"]
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
@@ -96,6 +109,7 @@ class LayerSelection:
             subset, with columns ``layers`` (a tuple), ``size``, ``ridge_loss``, ``total``,
             ``selected``.
         method: Name of the selector (a key of ``SELECTORS``).
+        variant: ``ripieno`` or ``reference`` (LOES; the baselines are ``ripieno``).
         task: ``classification``, ``regression`` or ``label_free``.
         fused: ``(N, sum D)`` fused calibration features: the chosen layers concatenated in chosen
             order, or, if ``orthogonal``, the centred first layer followed by each later layer's part
@@ -112,7 +126,19 @@ class LayerSelection:
     orthogonal: bool
     layer_dims: list[int] = field(repr=False)
     _first_mean: Tensor = field(repr=False)
-    _residualizers: list[Residualizer] = field(repr=False)
+    _residualizers: list[Residualizer] | None = field(repr=False)
+    variant: str = "ripieno"
+    _calibration: list[Tensor] | None = field(default=None, repr=False)
+
+    def _fitted_residualizers(self) -> list[Residualizer]:
+        """The orthogonalisation maps, fitted on the calibration layers the first time they are needed."""
+        if self._residualizers is None:
+            assert self._calibration is not None
+            chosen = self._calibration
+            self._residualizers = [fit_residualizer(chosen[j], torch.cat(chosen[:j], dim=1))
+                                   for j in range(1, len(chosen))]
+            self._calibration = None
+        return self._residualizers
 
     @_without_autocast
     def transform(self, layers: LayerInput, orthogonal: bool | None = None) -> Tensor:
@@ -139,7 +165,7 @@ class LayerSelection:
         if not (self.orthogonal if orthogonal is None else orthogonal):
             return torch.cat(chosen, dim=1)
         parts = [chosen[0] - self._first_mean]
-        for i, residualizer in enumerate(self._residualizers, start=1):
+        for i, residualizer in enumerate(self._fitted_residualizers(), start=1):
             parts.append(residualizer(chosen[i], torch.cat(chosen[:i], dim=1)))
         return torch.cat(parts, dim=1)
 
@@ -284,22 +310,21 @@ def _build_result(
     method: str,
     task: str,
     orthogonal: bool,
+    variant: str = "ripieno",
 ) -> LayerSelection:
     first = views[chosen[0]]
-    residualizers = [
-        fit_residualizer(views[layer], torch.cat([views[i] for i in chosen[:j]], dim=1))
-        for j, layer in enumerate(chosen[1:], start=1)
-    ]
     result = LayerSelection(
         layers=list(chosen),
         scores=scores,
         method=method,
         task=task,
+        variant=variant,
         fused=first.new_empty(0),
         orthogonal=orthogonal,
         layer_dims=[v.shape[1] for v in views],
         _first_mean=first.mean(dim=0),
-        _residualizers=residualizers,
+        _residualizers=None,
+        _calibration=[views[i] for i in chosen],
     )
     result.fused = result.transform(views)
     return result
@@ -318,47 +343,99 @@ def select_layers(
     y: ArrayLike | None = None,
     k: int = 2,
     *,
+    variant: Variant = "ripieno",
     task: Task = "auto",
     lam: float = 1e-3,
     alpha: float = 1.0,
     gamma: float = 0.5,
     eta: float = 0.1,
-    iso: IsoKind = "participation",
-    loss: RidgeLossKind = "train",
+    iso: IsoKind | None = None,
+    loss: RidgeLossKind | None = None,
     orthogonal: bool = False,
-    max_triples: int = 2000,
+    max_triples: int | None = None,
     seed: int = 0,
-    dtype: torch.dtype = torch.float64,
+    dtype: torch.dtype | None = None,
 ) -> LayerSelection:
-    """Select ``k`` layers with LOES (see the module docstring for the exact rule).
+    """Select ``k`` layers with LOES, as the reference code does or as ripieno does.
+
+    ``variant="reference"`` runs the public reference algorithm exactly
+    (``ripieno.framework.loes.reference``, checked against its recorded outputs), with its defaults
+    (``alpha=1, gamma=0.5, eta=0.1, lam=1e-3``) and in its dtype, float32. ``variant="ripieno"``
+    runs our rule (module docstring), whose differences from the reference are each deliberate.
 
     Args:
         layers: ``L`` arrays ``(N, D_l)`` (numpy or torch), or one ``(N, L, D)`` array.
         y: Class indices ``(N,)`` in ``0..C-1``, regression targets ``(N,)``/``(N, T)``, or ``None``
             for label-free selection.
         k: Number of layers to select, ``1 <= k <= L``.
+        variant: ``ripieno`` (default) or ``reference``.
         task: ``auto`` infers ``label_free`` from ``y=None``, ``classification`` from integer or bool
             ``y`` and ``regression`` from floating ``y``.
         lam: Ridge penalty of the probe (sklearn's ``alpha``), ``> 0``.
         alpha: Weight of ``1 - Iso``.
         gamma: Weight of Red.
         eta: Weight of Tri (classification only).
-        iso: ``participation`` (Iso in ``[0, 1]``) or ``mean_std`` (public LOES code, unbounded).
-        loss: Ridge loss, ``train`` (in-sample MSE) or ``loo`` (leave-one-out MSE).
+        iso: ``ripieno`` only: ``participation`` (default, Iso in ``[0, 1]``) or ``mean_std`` (the
+            reference's definition, unbounded).
+        loss: ``ripieno`` only: ridge loss, ``train`` (default, in-sample MSE) or ``loo``
+            (leave-one-out MSE).
         orthogonal: Build ``fused`` from orthogonalised parts instead of the raw layers.
-        max_triples: Most class triples Tri averages over.
-        seed: Seed for Tri's triple sample (only used with more than ``max_triples`` triples).
-        dtype: Computation dtype (float64 by default; the selection is cheap next to the forward pass).
+        max_triples: ``ripieno`` only: most class triples Tri averages over (default 2000). The
+            reference draws ``min(200, 3C)`` random triplets.
+        seed: Seed for Tri's triple sample (``ripieno``: only with more than ``max_triples``
+            triples; ``reference``: every Tri draw).
+        dtype: Computation dtype: float64 for ``ripieno``, float32 (as the reference) for
+            ``reference`` unless given.
 
     Returns:
         The ``LayerSelection``.
+
+    Raises:
+        ValueError: On bad inputs, or an option that the chosen variant does not have.
+
+    Example:
+        >>> g = torch.Generator().manual_seed(0)
+        >>> y = torch.randint(0, 3, (200,), generator=g)
+        >>> signal = torch.nn.functional.one_hot(y, 3).float() @ torch.randn(3, 8, generator=g)
+        >>> layers = [torch.randn(200, 8, generator=g) + w * signal for w in (0.0, 0.5, 3.0)]
+        >>> select_layers(layers, y, k=1, variant="reference", alpha=0.0).layers  # the best probe
+        [2]
+        >>> select_layers(layers, y, k=1, variant="reference").layers  # unbounded Iso: pure noise wins
+        [0]
     """
-    views, targets = _prepare(layers, y, task, dtype)
+    if variant not in VARIANTS:
+        raise ValueError(f"Unknown LOES variant {variant!r}; use one of {VARIANTS}.")
+    if variant == "reference":
+        given = {name: value for name, value in
+                 (("iso", iso), ("loss", loss), ("max_triples", max_triples)) if value is not None}
+        if given:
+            raise ValueError(
+                f"{sorted(given)} are options of variant='ripieno'; the reference has one ridge loss "
+                "(in-sample), one Iso (mean/std) and draws min(200, 3C) Tri triplets. Drop them, or use "
+                "variant='ripieno'."
+            )
+        views, targets = _prepare(layers, y, task, dtype or torch.float32)
+        _check_k(k, len(views))
+        _check_weights(lam=lam, alpha=alpha, gamma=gamma, eta=eta)
+        _check_lam(lam)
+        chosen, rows = reference_greedy(
+            views, targets.matrix, targets.labels, targets.num_classes, k,
+            ReferenceWeights(alpha=alpha, gamma=gamma, eta=eta, reg=lam), seed,
+        )
+        scores = pd.DataFrame(rows, columns=SCORE_COLUMNS)
+        return _build_result(views, chosen, scores, "loes", targets.task, orthogonal, variant="reference")
+    views, targets = _prepare(layers, y, task, dtype or torch.float64)
     _check_k(k, len(views))
     _check_weights(lam=lam, alpha=alpha, gamma=gamma, eta=eta)
-    weights = _Weights(lam, alpha, gamma, eta, iso, loss, max_triples, seed)
+    weights = _Weights(lam, alpha, gamma, eta, iso or "participation", loss or "train",
+                       2000 if max_triples is None else max_triples, seed)
     chosen, scores = _greedy(views, targets, k, weights)
     return _build_result(views, chosen, scores, "loes", targets.task, orthogonal)
+
+
+def _check_lam(lam: float) -> None:
+    if not lam > 0:
+        raise ValueError(f"Ridge needs lam > 0, got {lam}; use a small positive value such as 1e-3.")
 
 
 @dataclass(frozen=True)
