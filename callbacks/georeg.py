@@ -10,6 +10,17 @@ with ``z`` the batch's fused embedding (``step_output[feature_key]``, e.g.
 defines both terms). The terms are computed in float32 with autocast off, so they are the
 same under bf16/fp16 mixed precision. Batches with a single class skip the volume term.
 
+``variant="reference"`` is the public GeoReg code's loss instead, per batch,
+
+    weight * (Var(eigenvalues of cov(z) + 1e-4 I, clamped at 1e-6) - log(area + 1e-6))
+
+with ``area`` that of the triangle of three distinct random classes' centroids in the batch (0
+below 3 classes; ``reference_georeg_terms``), on the raw embedding, with the reference's weight
+0.1. Ours differs on purpose: both of our terms are scale-free (a bounded isotropy and a
+normalised simplex volume over *every* class in the batch), so the loss cannot be lowered by
+shrinking or inflating the embedding, and it is deterministic; the eigenvalue variance grows
+with the square of the embedding's scale and one random triangle is a noisy signal.
+
 Logged each epoch (``train``, ``val`` and ``test``), over the epoch's embeddings (per
 rank, averaged across ranks): ``georeg/<stage>/isotropy`` and
 ``georeg/<stage>/centroid_log_volume``. With ``weight=0`` the callback only measures.
@@ -17,7 +28,7 @@ rank, averaged across ranks): ``georeg/<stage>/isotropy`` and
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import lightning as L
 import torch
@@ -25,7 +36,11 @@ from lightning.pytorch.callbacks import Callback
 from torch import Tensor
 from typing_extensions import override
 
-from ripieno.framework.loes.geometry_loss import centroid_log_volume, spectral_imbalance
+from ripieno.framework.loes.geometry_loss import (
+    centroid_log_volume,
+    reference_georeg_terms,
+    spectral_imbalance,
+)
 from ripieno.framework.loes.geometry_loss import isotropy as batch_isotropy
 
 
@@ -33,21 +48,39 @@ class GeoReg(Callback):
     """Geometry regulariser for a module that returns its embedding in the step output.
 
     Args:
-        weight: overall weight of the term.
-        spectral_weight: weight of ``1 - Iso``.
-        volume_weight: weight of ``-log V``.
+        weight: overall weight of the term (the reference's is 0.1, our default too).
+        spectral_weight: ``ripieno`` only: weight of ``1 - Iso`` (default 1).
+        volume_weight: ``ripieno`` only: weight of ``-log V`` (default 1).
         feature_key: key of the embedding in the step output dict.
         target_key: key of the labels in the batch dict.
-        normalize: L2-normalise embeddings before both terms.
+        normalize: ``ripieno`` only: L2-normalise embeddings before both terms (default True).
+        variant: ``ripieno`` (ours, default) or ``reference`` (the public GeoReg loss).
+        seed: ``reference`` only: seed of the random class triangles.
     """
 
-    def __init__(self, weight: float = 0.1, spectral_weight: float = 1.0, volume_weight: float = 1.0,
-                 feature_key: str = "features", target_key: str = "y", normalize: bool = True) -> None:
+    def __init__(self, weight: float = 0.1, spectral_weight: float | None = None,
+                 volume_weight: float | None = None, feature_key: str = "features", target_key: str = "y",
+                 normalize: bool | None = None, variant: Literal["ripieno", "reference"] = "ripieno",
+                 seed: int = 0) -> None:
         super().__init__()
+        if variant not in ("ripieno", "reference"):
+            raise ValueError(f"GeoReg variant must be 'ripieno' or 'reference', got {variant!r}.")
+        if variant == "reference":
+            given = [name for name, value in (("spectral_weight", spectral_weight),
+                                              ("volume_weight", volume_weight), ("normalize", normalize))
+                     if value is not None]
+            if given:
+                raise ValueError(f"{given} are options of GeoReg variant='ripieno'; the reference loss has"
+                                 " only its weight. Drop them, or use variant='ripieno'.")
+        spectral_weight = 1.0 if spectral_weight is None else spectral_weight
+        volume_weight = 1.0 if volume_weight is None else volume_weight
         if min(weight, spectral_weight, volume_weight) < 0:
             raise ValueError("GeoReg weights must be >= 0.")
         self.weight, self.spectral_weight, self.volume_weight = weight, spectral_weight, volume_weight
-        self.feature_key, self.target_key, self.normalize = feature_key, target_key, normalize
+        self.feature_key, self.target_key = feature_key, target_key
+        self.normalize = True if normalize is None else normalize
+        self.variant, self.seed = variant, seed
+        self._generator = torch.Generator().manual_seed(seed)
         self._epoch: dict[str, tuple[list[Tensor], list[Tensor]]] = {}
         self.history: list[dict[str, float]] = []
 
@@ -55,6 +88,15 @@ class GeoReg(Callback):
     @override
     def state_key(self) -> str:
         return self._generate_state_key(weight=self.weight, feature_key=self.feature_key)
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {"generator": self._generator.get_state()}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if "generator" in state_dict:
+            self._generator.set_state(state_dict["generator"])
 
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -78,6 +120,9 @@ class GeoReg(Callback):
     def _term(self, module: L.LightningModule, batch: Any, step_output: dict[str, Any]) -> Tensor:  # noqa: ANN401
         z, y = self._features(step_output), batch[self.target_key]
         with torch.autocast(device_type=z.device.type, enabled=False):
+            if self.variant == "reference":
+                variance, log_area = reference_georeg_terms(z, y, self._generator)
+                return self.weight * (variance - log_area)
             total = self.spectral_weight * spectral_imbalance(z, self.normalize)
             if len(torch.unique(y)) >= 2 and self.volume_weight > 0:
                 total = total - self.volume_weight * centroid_log_volume(z, y, self.normalize)

@@ -9,8 +9,10 @@ and ``y``). On setup it
 2. pools every hidden state of every split (``ripieno.framework.loes.features``), cached as
    safetensors keyed by model, pooling and data, so a second run reads them back;
 3. selects layers on the calibration split (``train`` by default; the test split never
-   enters selection) with ``selection``: ``loes`` (``ripieno.framework.loes.select_layers``),
-   the baselines ``last_layer``, ``best_single``, ``last_k``, ``greedy_ridge``,
+   enters selection) among the transformer blocks' outputs (hidden states ``1..L``; with
+   ``include_embedding_output`` also hidden state 0) with ``selection``: ``loes``
+   (``ripieno.framework.loes.select_layers``, ``variant`` ours or the reference's), the
+   baselines ``last_layer``, ``best_single``, ``last_k``, ``greedy_ridge``,
    ``exhaustive``, ``all`` (every layer, for the scalar-mix head), or ``fixed``
    (``layers``);
 4. serves ``{"layers": (B, K, D), "y"}`` batches of the selected layers, or, with
@@ -115,13 +117,21 @@ class LayerEmbeddingDataModule(SplitDataModule):
             into ``backbone_dir`` when it has none (printed; no real weights ship offline).
         pooling: ``cls``, ``mean`` or ``last``.
         selection: ``loes``, a baseline, ``all`` or ``fixed`` (module docstring).
+        variant: LOES only: ``ripieno`` (ours) or ``reference`` (the public LOES code exactly, in
+            float32; ``ridge_loss`` does not apply and must stay ``train``). See
+            ``ripieno.framework.loes.select_layers``.
+        include_embedding_output: whether hidden state 0 (the embedding layer's output) is a
+            candidate of every selector. ``False`` (default) as the reference code
+            (``hidden_states[1:]``): only the transformer blocks' outputs compete.
         k: layer budget.
         layers: the layers for ``selection="fixed"``.
         alpha: LOES weight of ``1 - Iso``.
         gamma: LOES weight of redundancy.
         eta: LOES weight of the class-centroid triangle area.
         ridge_lambda: ridge regularisation of the probes.
-        ridge_loss: ``loo`` (leave-one-out, honest on the calibration rows) or ``train``.
+        ridge_loss: ``loo`` (leave-one-out, honest on the calibration rows; the default of
+            ``variant="ripieno"`` and of the baselines) or ``train`` (in-sample, the reference's
+            only loss and its default).
         calibration: split that selection sees: ``train`` or ``val`` (never ``test``).
         calibration_rows: a seeded random subset of that many calibration rows for
             selection (``null``: all); selection cost grows as ``N D^2``.
@@ -144,13 +154,15 @@ class LayerEmbeddingDataModule(SplitDataModule):
         build_backbone: Literal["gpt2", "dinov2", "wav2vec2"] | None = None,
         pooling: Pooling = "mean",
         selection: Selection = "loes",
+        variant: Literal["ripieno", "reference"] = "ripieno",
+        include_embedding_output: bool = False,
         k: int = 3,
         layers: list[int] | None = None,
         alpha: float = 1.0,
         gamma: float = 0.5,
         eta: float = 0.1,
         ridge_lambda: float = 1e-3,
-        ridge_loss: Literal["loo", "train"] = "loo",
+        ridge_loss: Literal["loo", "train"] | None = None,
         calibration: Literal["train", "val"] = "train",
         calibration_rows: int | None = 2000,
         input_keys: list[str] | None = None,
@@ -171,6 +183,8 @@ class LayerEmbeddingDataModule(SplitDataModule):
         self._source: L.LightningDataModule | None = (
             source if isinstance(source, L.LightningDataModule) else None)
         self.selection_result: LayerSelection | None = None
+        #: Hidden-state index of each candidate; ``selection_result.layers`` are positions in it.
+        self.candidate_layers: list[int] = []
         self.timings: dict[str, float] = {}
         self._check_args()
 
@@ -182,6 +196,14 @@ class LayerEmbeddingDataModule(SplitDataModule):
             raise DataModuleError("selection='fixed' needs layers=[...] (hidden-state indices).")
         if hp.k < 1:
             raise DataModuleError(f"k (the layer budget) must be >= 1, got {hp.k}.")
+        if hp.variant not in ("ripieno", "reference"):
+            raise DataModuleError(f"variant must be 'ripieno' or 'reference', got {hp.variant!r}.")
+        if hp.variant == "reference" and hp.selection != "loes":
+            raise DataModuleError(f"variant='reference' is a LOES variant; selection={hp.selection!r}"
+                                  " has none. Use selection: loes, or drop variant.")
+        if hp.variant == "reference" and hp.ridge_loss not in (None, "train"):
+            raise DataModuleError("variant='reference' scores the in-sample ridge loss only; drop"
+                                  f" ridge_loss: {hp.ridge_loss} (the reference has no leave-one-out loss).")
         if hp.calibration not in ("train", "val"):
             raise DataModuleError(f"calibration must be 'train' or 'val' (never 'test'),"
                                   f" got {hp.calibration!r}.")
@@ -284,29 +306,41 @@ class LayerEmbeddingDataModule(SplitDataModule):
                 raise DataModuleError(f"layers {bad} are out of range: the backbone has {n_layers} hidden"
                                       f" states (0 = embeddings .. {n_layers - 1}).")
             return list(hp.layers)
+        first = 0 if hp.include_embedding_output else 1
+        self.candidate_layers = list(range(first, n_layers))
         if hp.selection == "all":
-            return list(range(n_layers))
-        if hp.k > n_layers:
-            raise DataModuleError(f"k={hp.k} exceeds the backbone's {n_layers} hidden states.")
+            return list(self.candidate_layers)
+        if hp.k > len(self.candidate_layers):
+            raise DataModuleError(
+                f"k={hp.k} exceeds the {len(self.candidate_layers)} candidate hidden states of the backbone"
+                f" (include_embedding_output={hp.include_embedding_output}).")
         emb, labels = calibration
         if hp.calibration_rows is not None and hp.calibration_rows < len(labels):
             generator = torch.Generator().manual_seed(hp.split_seed)
             rows = torch.randperm(len(labels), generator=generator)[: hp.calibration_rows]
             emb, labels = emb[:, rows], labels[rows]
-        kwargs: dict[str, Any] = {"lam": hp.ridge_lambda, "loss": hp.ridge_loss}
+        kwargs: dict[str, Any] = {"lam": hp.ridge_lambda}
+        if hp.variant != "reference":
+            kwargs["loss"] = hp.ridge_loss or "loo"
         if hp.selection == "loes":
-            kwargs.update(alpha=hp.alpha, gamma=hp.gamma, eta=hp.eta)
+            kwargs.update(alpha=hp.alpha, gamma=hp.gamma, eta=hp.eta, variant=hp.variant)
+        emb = emb[first:]
         start = time.perf_counter()
         result = SELECTORS[hp.selection](list(emb.unbind(0)), labels, hp.k, **kwargs)
         self.timings["selection_s"] = time.perf_counter() - start
         self.selection_result = result
+        chosen = [self.candidate_layers[i] for i in result.layers]
         if hp.scores_path:
             Path(hp.scores_path).parent.mkdir(parents=True, exist_ok=True)
-            result.scores.to_csv(hp.scores_path, index=False)
-        rank_zero_info(f"LayerEmbeddingDataModule: {hp.selection} chose layers {result.layers} of {n_layers}"
+            table = result.scores.copy()
+            if "layer" in table:
+                table.insert(table.columns.get_loc("layer") + 1, "hidden_state",
+                             [self.candidate_layers[int(i)] for i in table["layer"]])
+            table.to_csv(hp.scores_path, index=False)
+        rank_zero_info(f"LayerEmbeddingDataModule: {hp.selection} chose hidden states {chosen} of {n_layers}"
                        f" on {len(labels)} rows of the {hp.calibration} split"
                        f" ({self.timings['selection_s']:.2f} s)")
-        return [int(i) for i in result.layers]
+        return [int(i) for i in chosen]
 
     # ------------------------------------------------------------------ loaders
     def train_dataloader(self) -> DataLoader:

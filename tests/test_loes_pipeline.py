@@ -4,6 +4,7 @@ GeoReg, on a tiny random BERT with MiniLM's real tokenizer (no downloads)."""
 import math
 
 import lightning as L
+import pandas as pd
 import pytest
 import torch
 from transformers import BertConfig, BertModel
@@ -93,7 +94,7 @@ def test_datamodule_selects_on_the_calibration_split_and_serves_the_selected_lay
     dm = _layer_dm(tiny_bert, tmp_path)
     spec = dm.spec
     assert spec.n_layers == 4 and spec.d_model == 32 and len(spec.selected_layers) == 2
-    assert dm.selection_result.layers == spec.selected_layers
+    assert [dm.candidate_layers[i] for i in dm.selection_result.layers] == spec.selected_layers
     batch = next(iter(dm.train_dataloader()))
     assert batch["layers"].shape[1:] == (2, 32)
     # The served features are the cached pooled embeddings of the selected layers.
@@ -131,6 +132,25 @@ def test_finetuning_pools_the_same_layers_live(tiny_bert, tmp_path):
     assert torch.allclose(live, cached, atol=1e-5)
     with pytest.raises(ValueError, match="alike"):
         FusionClassifier(dm.spec, finetune_backbone=False)
+
+
+def test_datamodule_reference_variant_and_embedding_output_candidates(tiny_bert, tmp_path):
+    scores = tmp_path / "scores.csv"
+    dm = _layer_dm(tiny_bert, tmp_path, variant="reference", alpha=1.0, gamma=0.5, eta=0.1,
+                   calibration_rows=None, scores_path=str(scores))
+    spec = dm.spec
+    assert dm.candidate_layers == [1, 2, 3] and 0 not in spec.selected_layers  # hidden_states[1:]
+    result = dm.selection_result
+    assert result.variant == "reference" and result.fused.dtype == torch.float32
+    table = pd.read_csv(scores)
+    assert set(table["hidden_state"]) == {1, 2, 3}
+    assert table["hidden_state"].tolist() == [dm.candidate_layers[i] for i in table["layer"]]
+    with_zero = _layer_dm(tiny_bert, tmp_path, include_embedding_output=True, selection="all")
+    assert with_zero.spec.selected_layers == [0, 1, 2, 3]
+    with pytest.raises(ValueError, match="ridge_loss"):
+        _layer_dm(tiny_bert, tmp_path, variant="reference", ridge_loss="loo")
+    with pytest.raises(ValueError, match="LOES variant"):
+        _layer_dm(tiny_bert, tmp_path, variant="reference", selection="greedy_ridge")
 
 
 def test_georeg_raises_isotropy_and_logs_it(tiny_bert, tmp_path):
