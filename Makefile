@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 RECIPE ?= tabular/lometab_diamonds
 
-.PHONY: run test lint bench sweep clean
+.PHONY: run test lint bench sweep claims claims-reduced clean
 
 $(STAMP): pyproject.toml
 	@# Fashion-MNIST ships in a Debian package (dataset-fashion-mnist); install it when root.
@@ -44,6 +44,12 @@ bench: $(STAMP)  ## Speed/memory tables with ratios measured side by side.
 sweep: $(STAMP)  ## (rank, sigma_init) diversity grid and LoMETab-vs-additive diversity curves.
 	$(BIN)/python -m experiments.diversity_sweep --recipe tabular/lometab_churn --out docs/results/diversity_sweep
 	$(BIN)/python -m experiments.diversity_over_training --recipe tabular/lometab_churn --out docs/results/diversity_over_training
+
+claims: $(STAMP)  ## The side-by-side reproduction report, docs/results/claims/claims.md (full settings).
+	$(BIN)/python -m experiments.claims
+
+claims-reduced: $(STAMP)  ## The same report in CI-sized settings, under runs/claims.
+	$(BIN)/python -m experiments.claims --reduced --out runs/claims
 
 clean:
 	rm -rf runs lightning_logs .pytest_cache .ruff_cache
