@@ -5,18 +5,22 @@ different as the additive ablation (``W + A_k B_k^T``) while they train? This ex
 trains the recipe's model and the same config with ``model.init_args.adapter`` replaced
 (same rank, sigma_init, data and seed), validating before training and after every
 epoch, and records the member diversity (``DiversityMonitor``) and the validation task
-metric each time.
+metric each time. Each variant may also fix its adapter's draw (``adapter_init``):
+``--adapter_inits`` lists draws of the recipe's adapter, and a ``--compare`` entry may be
+written ``ADAPTER:INIT`` (``additive:relative``); ``--seeds`` repeats every variant.
 
-Outputs under ``--out``: ``diversity_over_training.csv`` (columns ``adapter``, ``epoch``
-— training epochs completed, 0 = at init —, ``step``, each diversity metric, each task
-metric) and ``diversity_over_training.png`` (diversity and task metric vs epoch, one
-line per adapter).
+Outputs under ``--out``: ``diversity_over_training.csv`` (columns ``adapter``, then
+``adapter_init`` when a draw was given, ``seed`` with ``--seeds``, ``epoch`` — training
+epochs completed, 0 = at init —, ``step``, each diversity metric, each task metric) and
+``diversity_over_training.png`` (diversity and task metric vs epoch, one line per variant,
+mean over seeds).
 
 Example::
 
     python -m experiments.diversity_over_training \\
-        --recipe tabular/lometab_churn --compare additive --rank 4 \\
-        --sigma 0.3 --max_epochs 20
+        --recipe tabular/lometab_churn --adapter_inits plain rank_normalized \\
+        --compare additive:plain additive:relative --rank 4 --sigma 0.3 \\
+        --seeds 0 1 2 --max_epochs 20
 
 ``--recipe`` takes a shipped recipe's name or a path (default ``tabular/lometab_churn``);
 ``--out`` defaults to the repository's ``docs/results/diversity_over_training``, from any folder.
@@ -26,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import statistics
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -34,6 +39,7 @@ from typing import Any
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from experiments.diversity_sweep import recipe_seed
 from experiments.runs import (
     TaskFamily,
     add_run_arguments,
@@ -65,6 +71,7 @@ def train_variant(
     out: Path,
     seed: int | None = None,
     overrides: Sequence[str] = (),
+    adapter_init: str | None = None,
 ) -> tuple[str, TaskFamily, list[dict[str, Any]]]:
     """Train one adapter variant, validating at init and after every epoch.
 
@@ -77,37 +84,63 @@ def train_variant(
         out: output folder (the run's ``default_root_dir``).
         seed: ``seed_everything`` (``None``: the recipe's).
         overrides: extra ``--key=value`` overrides, applied last.
+        adapter_init: ``model.init_args.adapter_init`` (``None``: the recipe's, or the
+            module's default when the recipe sets none).
 
     Returns:
         ``(adapter name, task family, rows)``, one row per validation with ``adapter``,
-        ``epoch``, ``step`` and the metrics of ``runs.metric_columns``.
+        ``adapter_init`` (as the model was built), ``seed``, ``epoch``, ``step`` and the
+        metrics of ``runs.metric_columns``.
     """
     args = run_overrides(max_epochs=max_epochs, root_dir=out, seed=seed)
     if adapter is not None:
         args.append(f"--model.init_args.adapter={adapter}")
+    if adapter_init is not None:
+        args.append(f"--model.init_args.adapter_init={adapter_init}")
     if rank is not None:
         args.append(f"--model.init_args.rank={rank}")
     if sigma is not None:
         args.append(f"--model.init_args.sigma_init={sigma}")
     run = build_run(config_text, [*args, *overrides])
     name = str(run.model.hparams.get("adapter", adapter or "recipe"))
+    init = str(run.model.hparams.get("adapter_init", adapter_init or ""))
+    used_seed = seed if seed is not None else recipe_seed(config_text)
     family = run.task_family
     run.validate()
     run.fit()
     rows = [
-        {"adapter": name, "epoch": int(r["epoch"]), "step": int(r["step"]),
-         **pick_metrics(r, family)}
+        {"adapter": name, "adapter_init": init, "seed": used_seed, "epoch": int(r["epoch"]),
+         "step": int(r["step"]), **pick_metrics(r, family)}
         for r in run.recorder.rows
     ]
     return name, family, rows
 
 
-def plot_curves(rows: Sequence[dict[str, Any]], family: TaskFamily, path: Path, *,
-                title: str) -> Path:
-    """Diversity metrics and task metrics vs epoch, one line per adapter.
+def variant_label(row: dict[str, Any]) -> str:
+    """``adapter`` or ``adapter/adapter_init`` (when the row has an ``adapter_init``)."""
+    init = row.get("adapter_init")
+    return f"{row['adapter']}/{init}" if init else str(row["adapter"])
+
+
+def parse_variant(spec: str) -> tuple[str, str | None]:
+    """Split a ``--compare`` entry ``ADAPTER`` or ``ADAPTER:INIT``.
 
     Args:
-        rows: CSV rows of all adapters.
+        spec: e.g. ``additive`` or ``additive:relative``.
+
+    Returns:
+        ``(adapter, adapter_init or None)``.
+    """
+    adapter, _, init = spec.partition(":")
+    return adapter, init or None
+
+
+def plot_curves(rows: Sequence[dict[str, Any]], family: TaskFamily, path: Path, *,
+                title: str) -> Path:
+    """Diversity metrics and task metrics vs epoch, one line per variant (mean over seeds).
+
+    Args:
+        rows: CSV rows of all variants (see ``variant_label``).
         family: ``classification`` or ``regression``.
         path: output PNG.
         title: figure title.
@@ -122,14 +155,18 @@ def plot_curves(rows: Sequence[dict[str, Any]], family: TaskFamily, path: Path, 
     fig = Figure(figsize=(5.5 * n_cols, 3.6 * n_rows))
     FigureCanvasAgg(fig)
     axes = fig.subplots(n_rows, n_cols, squeeze=False).ravel()
-    adapters = list(dict.fromkeys(r["adapter"] for r in rows))
+    labels = list(dict.fromkeys(variant_label(r) for r in rows))
     for ax, column in zip(axes, columns, strict=False):
         values = []
-        for adapter in adapters:
-            mine = [r for r in rows if r["adapter"] == adapter]
-            ax.plot([r["epoch"] for r in mine], [r[column] for r in mine], marker="o",
-                    markersize=3, label=adapter)
-            values += [r[column] for r in mine]
+        for label in labels:
+            by_epoch: dict[int, list[float]] = {}
+            for r in rows:
+                if variant_label(r) == label:
+                    by_epoch.setdefault(int(r["epoch"]), []).append(float(r[column]))
+            epochs = sorted(by_epoch)
+            means = [statistics.fmean(by_epoch[e]) for e in epochs]
+            ax.plot(epochs, means, marker="o", markersize=3, label=label)
+            values += means
         positive = [v for v in values if v > 0]
         if column in diversity and len(positive) == len(values) and max(values) > 20 * min(values):
             ax.set_yscale("log")
@@ -145,6 +182,12 @@ def plot_curves(rows: Sequence[dict[str, Any]], family: TaskFamily, path: Path, 
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
     return path
+
+
+def _check_new(label: str, names: Sequence[str]) -> None:
+    if label in names:
+        raise ValueError(f"Variant {label!r} is already in the comparison {list(names)}; --compare"
+                         " needs adapters (or ADAPTER:INIT draws) other than the recipe's.")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -167,7 +210,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                       default_out=results_dir("diversity_over_training"))
     parser.add_argument("--compare", nargs="+", default=["additive"],
                         help="adapter(s) to compare with the recipe's "
-                        "(model.init_args.adapter: additive, lometab, rank1, shared, packed)")
+                        "(model.init_args.adapter: additive, lometab, rank1, shared, packed), "
+                        "each optionally ADAPTER:INIT to fix its adapter_init (additive:relative)")
+    parser.add_argument("--adapter_inits", nargs="+", default=None,
+                        help="draws of the recipe's adapter to train, one variant each "
+                        "(model.init_args.adapter_init: plain or rank_normalized for lometab, "
+                        "plain or relative for additive); None = the recipe's")
+    parser.add_argument("--seeds", type=int, nargs="+", default=None,
+                        help="seed_everything values, every variant once per seed; None = --seed")
     parser.add_argument("--rank", type=int, default=None,
                         help="adapter rank for all variants; None = the recipe's")
     parser.add_argument("--sigma", type=float, default=None,
@@ -177,6 +227,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--rank must be >= 1")
     if args.sigma is not None and args.sigma < 0:
         parser.error("--sigma must be >= 0")
+    if args.seeds is not None and args.seed is not None:
+        parser.error("give --seed or --seeds, not both")
     check_run_arguments(parser, args)
     return args
 
@@ -188,7 +240,7 @@ def main(argv: list[str] | None = None) -> None:
         argv: command-line arguments (``None``: ``sys.argv[1:]``).
 
     Raises:
-        ValueError: if a compared adapter equals the recipe's (nothing to compare).
+        ValueError: if a compared variant repeats one already in the comparison.
         RuntimeError: if a variant fails to train.
     """
     args = parse_args(argv)
@@ -197,32 +249,48 @@ def main(argv: list[str] | None = None) -> None:
     config_text = prepare_recipe(args.recipe)
     overrides = normalize_overrides(args.override)
     common: dict[str, Any] = {"rank": args.rank, "sigma": args.sigma,
-                              "max_epochs": args.max_epochs, "out": out, "seed": args.seed,
-                              "overrides": overrides}
+                              "max_epochs": args.max_epochs, "out": out, "overrides": overrides}
+    variants: list[tuple[str | None, str | None]] = [
+        (None, init) for init in (args.adapter_inits or [None])]
+    variants += [parse_variant(spec) for spec in args.compare]
+    with_init = any(init is not None for _, init in variants)
+    seeds: list[int | None] = list(args.seeds or [args.seed])
     rows: list[dict[str, Any]] = []
     names: list[str] = []
     family: TaskFamily = "classification"
     with quiet_lightning():
-        for adapter in [None, *args.compare]:
-            if adapter is not None and adapter in names:
-                raise ValueError(f"Adapter {adapter!r} is already in the comparison {names};"
-                                 " --compare needs adapters other than the recipe's.")
+        for adapter, init in variants:
             start = time.perf_counter()
-            try:
-                name, family, variant_rows = train_variant(config_text, adapter, **common)
-            except Exception as err:
-                raise RuntimeError(
-                    f"diversity_over_training: variant adapter={adapter or '(recipe)'} failed."
-                ) from err
-            names.append(name)
-            rows += variant_rows
-            print(f"diversity_over_training: {name}: {len(variant_rows) - 1} epochs in"
-                  f" {time.perf_counter() - start:.1f} s", flush=True)
+            label = ""
+            if adapter is not None and (init is not None or not with_init):
+                _check_new(f"{adapter}/{init}" if init is not None else adapter, names)
+            for j, seed in enumerate(seeds):
+                try:
+                    name, family, variant_rows = train_variant(
+                        config_text, adapter, adapter_init=init, seed=seed, **common)
+                except Exception as err:
+                    raise RuntimeError(
+                        f"diversity_over_training: variant adapter={adapter or '(recipe)'}"
+                        f"{f', adapter_init={init}' if init else ''} failed."
+                    ) from err
+                label = variant_label(variant_rows[0]) if with_init else name
+                if j == 0:
+                    _check_new(label, names)
+                for row in variant_rows:
+                    if not with_init:
+                        del row["adapter_init"]
+                    if args.seeds is None:
+                        del row["seed"]
+                rows += variant_rows
+            names.append(label)
+            print(f"diversity_over_training: {label}: {len(variant_rows) - 1} epochs x"
+                  f" {len(seeds)} seed(s) in {time.perf_counter() - start:.1f} s", flush=True)
     csv_path = write_csv(out / CSV_NAME, rows)
     diversity, task = metric_columns(family)
     png = plot_curves(rows, family, out / PNG_NAME,
                       title=f"{Path(args.recipe).stem}: {' vs '.join(names)}")
-    print(format_table(rows, ["adapter", "epoch", "step", *diversity, *task]))
+    keys = [k for k in ("adapter", "adapter_init", "seed") if k in rows[0]]
+    print(format_table(rows, [*keys, "epoch", "step", *diversity, *task]))
     print(f"diversity_over_training: plot {png}")
     print(f"diversity_over_training: csv  {csv_path}")
 

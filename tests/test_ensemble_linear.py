@@ -348,29 +348,123 @@ def test_effective_weight_matches_member_weights(adapter):
 # ---------------------------------------------------------------------------------------------
 # 9. initialisation statistics (module docstring)
 # ---------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("rank", [1, 4, 16])
-def test_lometab_init_std_is_sigma_for_every_rank(rank):
-    torch.manual_seed(0)
-    sigma = 0.3
-    layer = EnsembleLinear(512, 512, 8, adapter="lometab", rank=rank, sigma_init=sigma)
+def low_rank_std_tolerance(rank, k, d_out, d_in, z=4.0):
+    """Relative tolerance of the sample std of the K x d_out x d_in entries of A_k B_k^T.
+
+    With i.i.d. N(0, s^2) factors, an entry M = a.b (r terms) has E M^2 = r s^4 and
+    Var M^2 = (2r^2 + 6r) s^8; two entries sharing a row of A (or of B) have
+    Cov(M^2, M'^2) = 2r s^8 and are otherwise independent (members are independent). So the
+    mean of the N = K d_out d_in squares has relative variance
+    (2 + 6/r + 2 (d_in + d_out - 2) / r) / N, and the std (its square root) half that relative
+    error: z standard errors of the std are z/2 * sqrt(that).
+    """
+    n = k * d_out * d_in
+    return z / 2 * math.sqrt((2 + 6 / rank + 2 * (d_in + d_out - 2) / rank) / n)
+
+
+def low_rank_of(layer):
     with torch.no_grad():
-        low_rank = layer.adapter_a @ layer.adapter_b.transpose(1, 2)
-    assert low_rank.std().item() == pytest.approx(sigma, rel=0.05)
-    assert abs(low_rank.mean().item()) < 0.02 * sigma
+        return layer.adapter_a @ layer.adapter_b.transpose(1, 2)
+
+
+def assert_low_rank_std(layer, expected):
+    low_rank = low_rank_of(layer)
+    k, d_out, d_in = low_rank.shape
+    tol = low_rank_std_tolerance(layer.rank, k, d_out, d_in)
+    assert low_rank.std().item() == pytest.approx(expected, rel=tol)
+    # entries are uncorrelated with mean 0: the sample mean has std expected / sqrt(N)
+    assert abs(low_rank.mean().item()) < 4 * expected / math.sqrt(low_rank.numel())
+
+
+def test_std_tolerance_is_calibrated():
+    """The derived tolerance covers the spread of the std over many draws, and is not loose."""
+    torch.manual_seed(0)
+    rank, k, d_out, d_in = 2, 2, 24, 32
+    stds = torch.tensor([low_rank_of(EnsembleLinear(d_in, d_out, k, rank=rank, sigma_init=1.0)).std().item()
+                         for _ in range(400)])
+    predicted = low_rank_std_tolerance(rank, k, d_out, d_in, z=1.0)  # one standard error, relative
+    assert stds.std().item() / stds.mean().item() == pytest.approx(predicted, rel=0.2)
+
+
+@pytest.mark.parametrize("rank", [1, 2, 4, 8, 16])
+@pytest.mark.parametrize("sigma", [0.1, 0.3, 1.0, 3.0])
+def test_lometab_plain_init_std_is_sqrt_rank_sigma_squared(rank, sigma):
+    torch.manual_seed(rank)
+    layer = EnsembleLinear(256, 192, 8, adapter="lometab", rank=rank, sigma_init=sigma)
+    assert layer.adapter_init == "plain"  # the default: the paper's draw
+    for factor in (layer.adapter_a, layer.adapter_b):  # i.i.d. entries: std error 1/sqrt(2n)
+        assert factor.std().item() == pytest.approx(sigma, rel=4 / math.sqrt(2 * factor.numel()))
+    assert_low_rank_std(layer, math.sqrt(rank) * sigma**2)
+
+
+@pytest.mark.parametrize("rank", [1, 2, 4, 8, 16])
+@pytest.mark.parametrize("sigma", [0.3, 3.0])
+def test_lometab_rank_normalized_init_std_is_sigma_for_every_rank(rank, sigma):
+    torch.manual_seed(rank)
+    layer = EnsembleLinear(512, 512, 8, adapter="lometab", rank=rank, sigma_init=sigma,
+                           adapter_init="rank_normalized")
+    assert_low_rank_std(layer, sigma)
     # the shared weight is tabm's U(-1/sqrt(in), 1/sqrt(in))
     assert layer.weight.abs().max().item() <= 512**-0.5
     assert layer.weight.std().item() == pytest.approx((3 * 512) ** -0.5, rel=0.02)
 
 
-def test_additive_init_matches_relative_size_of_lometab():
+@pytest.mark.parametrize("rank", [1, 4, 16])
+def test_additive_plain_is_the_lometab_plain_draw(rank):
+    sigma = 0.3
+    layers = {}
+    for adapter in ("lometab", "additive"):
+        torch.manual_seed(0)
+        layers[adapter] = EnsembleLinear(256, 128, 8, adapter=adapter, rank=rank, sigma_init=sigma)
+    assert layers["additive"].adapter_init == "plain"
+    for name in ("weight", "adapter_a", "adapter_b", "bias"):
+        assert torch.equal(getattr(layers["additive"], name), getattr(layers["lometab"], name)), name
+    assert_low_rank_std(layers["additive"], math.sqrt(rank) * sigma**2)
+
+
+@pytest.mark.parametrize("rank", [1, 4, 16])
+def test_additive_relative_matches_relative_size_of_rank_normalized_lometab(rank):
     torch.manual_seed(0)
     sigma, d_in = 0.3, 512
-    layer = EnsembleLinear(d_in, 256, 8, adapter="additive", rank=4, sigma_init=sigma)
-    with torch.no_grad():
-        low_rank = layer.adapter_a @ layer.adapter_b.transpose(1, 2)
-    assert low_rank.std().item() == pytest.approx(sigma / math.sqrt(3 * d_in), rel=0.05)
-    assert low_rank.std().item() / layer.weight.std().item() == pytest.approx(sigma, rel=0.05)
-    assert abs(low_rank.mean().item()) < 0.02 * low_rank.std().item()
+    layer = EnsembleLinear(d_in, 256, 8, adapter="additive", rank=rank, sigma_init=sigma,
+                           adapter_init="relative")
+    assert_low_rank_std(layer, sigma / math.sqrt(3 * d_in))
+    tol = low_rank_std_tolerance(rank, 8, 256, d_in) + 0.01  # + sampling error of std(W)
+    assert low_rank_of(layer).std().item() / layer.weight.std().item() == pytest.approx(sigma, rel=tol)
+
+
+@pytest.mark.parametrize(("adapter", "bad", "allowed"), [
+    ("lometab", "relative", "'plain', 'rank_normalized'"),
+    ("additive", "rank_normalized", "'plain', 'relative'"),
+    ("lometab", "normal", "'plain', 'rank_normalized'"),
+    ("rank1", "normal", "'plain', 'rank_normalized', 'relative'"),
+])
+def test_bad_adapter_init_names_the_allowed_values(adapter, bad, allowed):
+    with pytest.raises(ValueError, match=f"adapter_init.*{bad}.*{allowed}"):
+        EnsembleLinear(5, 4, 3, adapter=adapter, adapter_init=bad)
+
+
+def test_adapter_init_is_ignored_without_low_rank_factors():
+    for adapter in ("shared", "rank1", "packed"):
+        torch.manual_seed(0)
+        ignored = EnsembleLinear(5, 4, 3, adapter=adapter, adapter_init="relative")
+        torch.manual_seed(0)
+        default = EnsembleLinear(5, 4, 3, adapter=adapter)
+        for (name, p), q in zip(ignored.named_parameters(), default.parameters(), strict=True):
+            assert torch.equal(p, q), (adapter, name)
+
+
+def test_backbone_threads_and_checks_adapter_init():
+    net = TabularEnsembleNet(3, [4], d_out=2, k=4, d_block=8, n_blocks=2, adapter="additive",
+                             adapter_init="relative", rank=2)
+    layers = [m for m in net.blocks if isinstance(m, EnsembleLinear)]
+    assert [m.adapter_init for m in layers] == ["relative", "relative"]
+    assert "adapter_init=relative" in repr(layers[0])
+    assert TabularEnsembleNet(3, [4], d_out=2, k=4, d_block=8).blocks[0].adapter_init == "plain"
+    # checked even when no layer ends up with low-rank factors (TabM-mini's shared MLP)
+    with pytest.raises(ValueError, match="'plain', 'rank_normalized'"):
+        TabularEnsembleNet(3, [4], d_out=2, k=4, d_block=8, adapter_layers="mini",
+                           adapter_init="relative")
 
 
 @pytest.mark.parametrize("adapter", ["rank1", "lometab", "additive"])

@@ -135,3 +135,25 @@ def test_validate_before_fit_then_fit(tmp_path):
     trainer.fit(model, datamodule=dm)
     after = trainer.validate(model, datamodule=dm, verbose=False)[0]
     assert set(before) == set(after) and after["val/nll"] != before["val/nll"]
+
+
+def test_adapter_init_defaults_to_plain_and_reaches_every_adapted_layer():
+    from ripieno.framework.nn import EnsembleLinear
+
+    model = TabularEnsembleModule(_spec(), k=3, d_block=8, adapter="lometab")
+    assert model.hparams.adapter_init == "plain"
+    model = TabularEnsembleModule(_spec(), k=3, d_block=8, adapter="lometab", adapter_init="rank_normalized")
+    adapted = [m for m in model.net.blocks if isinstance(m, EnsembleLinear)]
+    assert adapted and {m.adapter_init for m in adapted} == {"rank_normalized"}
+    assert model.hparams.adapter_init == "rank_normalized"  # saved for load_from_checkpoint
+    model = TabularEnsembleModule(_spec(), k=3, d_block=8, adapter="additive", adapter_init="relative")
+    assert {m.adapter_init for m in model.net.blocks if isinstance(m, EnsembleLinear)} == {"relative"}
+
+
+@pytest.mark.parametrize(("adapter", "bad", "allowed"), [
+    ("lometab", "relative", "'plain', 'rank_normalized'"),
+    ("additive", "rank_normalized", "'plain', 'relative'"),
+])
+def test_bad_adapter_init_fails_with_the_allowed_values(adapter, bad, allowed):
+    with pytest.raises(ValueError, match=allowed):
+        TabularEnsembleModule(_spec(), k=3, d_block=8, adapter=adapter, adapter_init=bad)

@@ -24,7 +24,14 @@ from ripieno.framework.members import (
 )
 from ripieno.framework.methods.member_module import MemberModule
 from ripieno.framework.nn.embeddings import PiecewiseLinearEmbeddings
-from ripieno.framework.nn.ensemble_linear import Adapter, Compute, EnsembleLinear, ScalingInit
+from ripieno.framework.nn.ensemble_linear import (
+    DEFAULT_ADAPTER_INIT,
+    Adapter,
+    AdapterInit,
+    Compute,
+    EnsembleLinear,
+    ScalingInit,
+)
 from ripieno.framework.nn.tabular_backbone import AdapterLayers, TabularEnsembleNet
 from ripieno.framework.tabular_spec import TabularSpec
 
@@ -50,7 +57,9 @@ class TabularEnsembleModule(MemberModule):
         d_block: hidden width.
         dropout: dropout rate.
         rank: adapter rank ``r`` (``lometab``, ``additive``).
-        sigma_init: adapter init scale (std of entries of ``A_k B_k^T``).
+        sigma_init: adapter init scale: std of the entries of ``A_k`` and ``B_k`` with
+            ``adapter_init="plain"``, of ``A_k B_k^T`` with ``rank_normalized``, of
+            ``A_k B_k^T`` relative to ``W``'s entries with ``relative``.
         d_embedding: numeric embedding size (used when the spec has bins).
         share_embeddings: share numeric embeddings across members (``False`` for a true
             deep ensemble).
@@ -60,6 +69,23 @@ class TabularEnsembleModule(MemberModule):
         weight_decay: AdamW weight decay for weight matrices; biases, embeddings and
             adapters (``r``, ``s``, ``A``, ``B``; multiplicative around 1, so decay would
             pull them to the wrong point) get none.
+        adapter_init: draw of ``A_k``, ``B_k`` (``lometab``/``additive``; ignored by the
+            other adapters). ``plain`` (default): entries ``N(0, sigma_init^2)``, the
+            LoMETab paper's draw, so ``A_k B_k^T`` has std ``sqrt(rank) * sigma_init**2``
+            and rank and ``sigma_init`` both set the initial diversity; the additive
+            ablation gets the same draw, so it differs from LoMETab only in how the
+            adapter enters. ``rank_normalized`` (``lometab``): std ``sigma_init`` for every
+            rank, so ``sigma_init`` alone sets the initial spread. ``relative``
+            (``additive``): std ``sigma_init`` times ``W``'s std for every rank, the
+            perturbation size of ``lometab``/``rank_normalized`` (a like-for-like ablation).
+            ``ripieno.framework.nn.ensemble_linear`` documents the exact draws.
+
+    Example:
+        >>> import torch
+        >>> spec = TabularSpec(task="binary", n_num_features=3, n_classes=2)
+        >>> model = TabularEnsembleModule(spec, k=4, d_block=8, adapter_init="rank_normalized")
+        >>> model(torch.randn(5, 3)).shape
+        torch.Size([5, 4, 1])
     """
 
     def __init__(
@@ -79,6 +105,7 @@ class TabularEnsembleModule(MemberModule):
         compute: Compute = "auto",
         lr: float = 2e-3,
         weight_decay: float = 3e-4,
+        adapter_init: AdapterInit = DEFAULT_ADAPTER_INIT,
     ) -> None:
         super().__init__()
         spec = TabularSpec.coerce(data_spec)
@@ -92,6 +119,7 @@ class TabularEnsembleModule(MemberModule):
             n_blocks=n_blocks, d_block=d_block, dropout=dropout, rank=rank,
             sigma_init=sigma_init, bins=spec.bin_tensors(), d_embedding=d_embedding,
             share_embeddings=share_embeddings, rank1_init=rank1_init, compute=compute,
+            adapter_init=adapter_init,
         )
         self.init_members(member_output_kind_of_task(spec.task), spec.n_classes)
 

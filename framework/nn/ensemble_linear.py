@@ -20,16 +20,44 @@ Initialisation (documented because it sets the initial diversity):
 
 * ``W`` and every bias: ``U(-1/sqrt(in), 1/sqrt(in))`` as in ``tabm``; member biases
   start identical (one draw copied to all K), so members differ only by adapters.
-* ``lometab``: entries of ``A_k`` and ``B_k`` are i.i.d. ``N(0, sigma_init / sqrt(rank))``
-  (std ``sqrt(sigma_init) * rank**-0.25``), so each entry of ``A_k B_k^T`` has mean 0 and
-  standard deviation exactly ``sigma_init`` for every rank: the multiplicative
-  perturbation of ``W`` has relative size ``sigma_init``.
-* ``additive``: as ``lometab`` times ``1/sqrt(3 * in)`` (the standard deviation of
-  ``W``'s entries), so the *relative* perturbation of ``W`` at init matches ``lometab``
-  with the same ``sigma_init``; this makes the ablation a like-for-like comparison.
+* ``lometab`` (``adapter_init``):
+
+  - ``plain`` (default): entries of ``A_k`` and ``B_k`` are i.i.d. ``N(0, sigma_init^2)``,
+    the LoMETab paper's draw. An entry of ``A_k B_k^T`` is a sum of ``rank`` products of
+    two independent ``N(0, sigma_init^2)`` draws, so it has mean 0 and standard deviation
+    ``sqrt(rank) * sigma_init**2``: the rank and ``sigma_init`` *both* set the initial
+    spread of the members (the paper's two diversity controls; small ``sigma_init`` keeps
+    it small whatever the rank, larger ``sigma_init`` lets the rank move it).
+  - ``rank_normalized``: entries i.i.d. with std ``sqrt(sigma_init) * rank**-0.25``, so
+    an entry of ``A_k B_k^T`` has standard deviation exactly ``sigma_init`` for every
+    rank: ``sigma_init`` alone is the relative size of the multiplicative perturbation
+    and the rank only changes its *structure*. Our variant, for sweeps where the scale
+    should not move with the rank (it removes the rank axis of the initial spread by
+    construction).
+
+* ``additive`` (``adapter_init``):
+
+  - ``plain`` (default): the same draw as ``lometab``'s ``plain`` (std of an entry of
+    ``A_k B_k^T``: ``sqrt(rank) * sigma_init**2``, in absolute units): the ablation
+    changes only how the adapter enters (``W + A_k B_k^T`` instead of
+    ``W * (1 + A_k B_k^T)``), nothing else. Since ``W``'s entries have std
+    ``1/sqrt(3 * in)``, the same ``sigma_init`` is a far larger *relative* perturbation
+    than ``lometab``'s (by about ``sqrt(3 * in)``): from ``sigma_init`` of about 1 the
+    members start as nearly unrelated networks (the shipped churn model at
+    ``sigma_init=3`` no longer learns), so the shipped ``additive_*`` recipes use
+    ``relative``.
+  - ``relative``: ``lometab``'s ``rank_normalized`` draw times ``(3 * in)**-1/4`` per
+    factor, so an entry of ``A_k B_k^T`` has std ``sigma_init / sqrt(3 * in)``
+    (``sigma_init`` times the std of ``W``'s entries) for every rank: the relative
+    perturbation of ``W`` at init matches ``lometab`` with ``rank_normalized`` and the
+    same ``sigma_init``, a like-for-like comparison of the two parametrisations at one
+    perturbation size.
+
 * ``rank1``: ``r`` and ``s`` by ``rank1_init`` (``ones``, ``random-signs`` or ``normal``),
   with optional chunks as in ``tabm.LinearBatchEnsemble``.
 * ``packed``: each member like ``W`` with its own draw.
+
+``adapter_init`` is ignored by the adapters without ``A_k``, ``B_k``.
 """
 
 from __future__ import annotations
@@ -44,6 +72,75 @@ Adapter = Literal["shared", "rank1", "lometab", "additive", "packed"]
 ScalingInit = Literal["ones", "random-signs", "normal"]
 Compute = Literal["auto", "factored", "materialized"]
 ADAPTERS: tuple[str, ...] = ("shared", "rank1", "lometab", "additive", "packed")
+AdapterInit = Literal["plain", "rank_normalized", "relative"]
+#: The ``adapter_init`` values each low-rank adapter accepts, its default first.
+ADAPTER_INITS: dict[str, tuple[str, ...]] = {
+    "lometab": ("plain", "rank_normalized"),
+    "additive": ("plain", "relative"),
+}
+DEFAULT_ADAPTER_INIT: AdapterInit = "plain"
+
+
+def check_adapter_init(adapter: str, adapter_init: str) -> None:
+    """Raise ``ValueError`` unless ``adapter_init`` is defined for ``adapter``.
+
+    Adapters without ``A_k``, ``B_k`` (``shared``, ``rank1``, ``packed``) ignore the
+    option but still reject names that no adapter knows, so typos surface early.
+
+    Args:
+        adapter: one of ``ADAPTERS``.
+        adapter_init: the initialisation of ``A_k``, ``B_k`` (module docstring).
+
+    Raises:
+        ValueError: naming the values allowed for ``adapter``.
+
+    Example:
+        >>> check_adapter_init("lometab", "plain")
+        >>> check_adapter_init("lometab", "relative")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ValueError: adapter_init='relative' is not defined for adapter='lometab'; choose one of ...
+    """
+    allowed = ADAPTER_INITS.get(adapter)
+    if allowed is None:
+        known = tuple(dict.fromkeys(v for values in ADAPTER_INITS.values() for v in values))
+        if adapter_init not in known:
+            raise ValueError(f"Unknown adapter_init {adapter_init!r}; choose one of {known}.")
+    elif adapter_init not in allowed:
+        raise ValueError(
+            f"adapter_init={adapter_init!r} is not defined for adapter={adapter!r};"
+            f" choose one of {allowed}."
+        )
+
+
+def adapter_factor_std(adapter: str, adapter_init: str, rank: int, sigma_init: float,
+                       in_features: int) -> float:
+    """Standard deviation of the entries of ``A_k`` and ``B_k`` at init (module docstring).
+
+    Args:
+        adapter: ``lometab`` or ``additive``.
+        adapter_init: one of ``ADAPTER_INITS[adapter]``.
+        rank: the adapter rank ``r``.
+        sigma_init: the init scale.
+        in_features: the layer's input size (``relative`` scales to ``W``'s std).
+
+    Returns:
+        The std of both factors; an entry of ``A_k B_k^T`` then has std
+        ``sqrt(rank) * std**2``.
+
+    Example:
+        >>> adapter_factor_std("lometab", "plain", 4, 0.3, 64)
+        0.3
+        >>> round(adapter_factor_std("lometab", "rank_normalized", 4, 0.3, 64) ** 2 * 2, 6)
+        0.3
+    """
+    check_adapter_init(adapter, adapter_init)
+    if adapter_init == "plain":
+        return sigma_init
+    std = math.sqrt(sigma_init) * rank**-0.25  # product std sigma_init for every rank
+    if adapter_init == "relative":
+        std *= (3 * in_features) ** -0.25  # each factor carries sqrt of std(W)
+    return std
 
 
 class _LoMEMatmul(torch.autograd.Function):
@@ -173,12 +270,24 @@ class EnsembleLinear(nn.Module):
         k: number of members.
         adapter: ``shared``, ``rank1``, ``lometab``, ``additive`` or ``packed``.
         rank: rank ``r`` of ``A_k B_k^T`` (``lometab``/``additive``).
-        sigma_init: standard deviation of the entries of ``A_k B_k^T`` at init
-            (``lometab``); ``additive`` uses the same relative size (module docstring).
+        sigma_init: init scale of ``A_k``, ``B_k`` (``lometab``/``additive``); what it
+            means depends on ``adapter_init``.
         bias: whether the layer has biases (one per member unless ``shared``).
         rank1_init: ``(r_init, s_init)`` for ``rank1``.
         rank1_chunks: chunks for the initialisation of ``r`` (``rank1`` only).
         compute: ``auto``, ``factored`` or ``materialized`` for ``lometab``/``additive``.
+        adapter_init: how ``A_k``, ``B_k`` are drawn (module docstring): ``plain`` (the
+            default for both: entries ``N(0, sigma_init^2)``, so ``A_k B_k^T`` has std
+            ``sqrt(rank) * sigma_init**2``, the paper's draw), ``rank_normalized``
+            (``lometab``: std ``sigma_init`` for every rank) or ``relative``
+            (``additive``: std ``sigma_init`` times ``W``'s std, for every rank).
+
+    Example:
+        >>> layer = EnsembleLinear(6, 3, k=4, adapter="lometab", rank=2, sigma_init=0.3)
+        >>> layer(torch.randn(5, 4, 6)).shape
+        torch.Size([5, 4, 3])
+        >>> layer.adapter_init
+        'plain'
     """
 
     def __init__(
@@ -193,10 +302,12 @@ class EnsembleLinear(nn.Module):
         rank1_init: tuple[ScalingInit, ScalingInit] = ("random-signs", "ones"),
         rank1_chunks: list[int] | None = None,
         compute: Compute = "auto",
+        adapter_init: AdapterInit = DEFAULT_ADAPTER_INIT,
     ) -> None:
         super().__init__()
         if adapter not in ADAPTERS:
             raise ValueError(f"Unknown adapter {adapter!r}; choose one of {ADAPTERS}.")
+        check_adapter_init(adapter, adapter_init)
         for name, value in (("in_features", in_features), ("out_features", out_features),
                             ("k", k), ("rank", rank)):
             if int(value) < 1:
@@ -207,7 +318,7 @@ class EnsembleLinear(nn.Module):
             raise ValueError(f"compute must be 'auto', 'factored' or 'materialized', got {compute!r}.")
         self.in_features, self.out_features, self.k = in_features, out_features, k
         self.adapter: Adapter = adapter
-        self.rank, self.sigma_init = rank, sigma_init
+        self.rank, self.sigma_init, self.adapter_init = rank, sigma_init, adapter_init
         self.rank1_init, self.rank1_chunks, self.compute = rank1_init, rank1_chunks, compute
 
         if adapter == "packed":
@@ -238,9 +349,8 @@ class EnsembleLinear(nn.Module):
             init_scaling_(self.r, self.rank1_init[0], self.rank1_chunks)
             init_scaling_(self.s, self.rank1_init[1])
         if self.adapter in ("lometab", "additive"):
-            std = math.sqrt(self.sigma_init) * self.rank**-0.25
-            if self.adapter == "additive":
-                std *= (3 * self.in_features) ** -0.25  # each factor carries sqrt of std(W)
+            std = adapter_factor_std(self.adapter, self.adapter_init, self.rank,
+                                     self.sigma_init, self.in_features)
             nn.init.normal_(self.adapter_a, 0.0, std)
             nn.init.normal_(self.adapter_b, 0.0, std)
 
@@ -248,7 +358,8 @@ class EnsembleLinear(nn.Module):
         """Summarise the configuration for ``print(module)``."""
         text = f"{self.in_features}, {self.out_features}, k={self.k}, adapter={self.adapter}"
         if self.adapter in ("lometab", "additive"):
-            text += f", rank={self.rank}, sigma_init={self.sigma_init}, compute={self.compute}"
+            text += (f", rank={self.rank}, sigma_init={self.sigma_init},"
+                     f" adapter_init={self.adapter_init}, compute={self.compute}")
         return text + f", bias={self.bias is not None}"
 
     def effective_weight(self) -> Tensor:

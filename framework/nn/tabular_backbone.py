@@ -16,10 +16,13 @@ from torch import Tensor, nn
 from ripieno.framework.nn.embeddings import OneHotEncoding, PiecewiseLinearEmbeddings
 from ripieno.framework.nn.ensemble_linear import (
     ADAPTERS,
+    DEFAULT_ADAPTER_INIT,
     Adapter,
+    AdapterInit,
     Compute,
     EnsembleLinear,
     ScalingInit,
+    check_adapter_init,
     init_scaling_,
 )
 
@@ -57,6 +60,16 @@ class TabularEnsembleNet(nn.Module):
         rank1_init: initialisation of the first layer's ``r`` (TabM: ``normal`` with
             embeddings, ``random-signs`` without); later ``r``, ``s`` start at ones.
         compute: evaluation order for ``lometab`` (``auto``/``factored``/``materialized``).
+        adapter_init: draw of ``A_k``, ``B_k`` (``lometab``/``additive``, see
+            ``EnsembleLinear``): ``plain`` (default, the paper's: ``A_k B_k^T`` entries have
+            std ``sqrt(rank) * sigma_init**2``), ``rank_normalized`` (``lometab``: std
+            ``sigma_init`` for every rank) or ``relative`` (``additive``: ``sigma_init``
+            times ``W``'s std).
+
+    Example:
+        >>> net = TabularEnsembleNet(3, [4], d_out=2, k=5, d_block=8, adapter_init="rank_normalized")
+        >>> net(torch.randn(7, 3), torch.zeros(7, 1, dtype=torch.long)).shape
+        torch.Size([7, 5, 2])
     """
 
     def __init__(
@@ -77,10 +90,12 @@ class TabularEnsembleNet(nn.Module):
         share_embeddings: bool = True,
         rank1_init: ScalingInit = "normal",
         compute: Compute = "auto",
+        adapter_init: AdapterInit = DEFAULT_ADAPTER_INIT,
     ) -> None:
         super().__init__()
         if adapter not in ADAPTERS:
             raise ValueError(f"Unknown adapter {adapter!r}; choose one of {ADAPTERS}.")
+        check_adapter_init(adapter, adapter_init)  # also when no layer ends up adapted (mini)
         if adapter_layers not in ("all", "first", "mini"):
             raise ValueError(f"adapter_layers must be 'all', 'first' or 'mini', got {adapter_layers!r}.")
         if n_num_features + len(cat_cardinalities) == 0:
@@ -120,7 +135,7 @@ class TabularEnsembleNet(nn.Module):
                 EnsembleLinear(
                     d_in, d_block, k, adapter=layer_adapter, rank=rank, sigma_init=sigma_init,
                     rank1_init=(first_init, "ones"), rank1_chunks=chunks if i == 0 else None,
-                    compute=compute,
+                    compute=compute, adapter_init=adapter_init,
                 ),
                 nn.ReLU(),
                 nn.Dropout(dropout),
