@@ -19,7 +19,11 @@ What is measured
     data) and then runs CG on cached features; DNN-GLM re-reads the loader on every pass
     and runs one ``vmap``-ed ``jvp`` and ``vjp`` over the S directions per batch and CG
     iteration. A second table times ``sampler.predict`` on one test batch of ``--batch``
-    images.
+    images. A third table times the LinearSampling reference sampler
+    (``LeastSquaresLogitSampler(n_samples=--samples, epochs=--ls-epochs)``, default
+    ``--iters`` epochs: as many passes over the data as the exact CG fit makes, each one
+    ``jvp`` and one ``vjp`` per batch) beside the exact fit, per linearisation, with its
+    peak allocation growth measured the same way (one profiled fit).
 
 Time
     ``time.perf_counter`` around one call (CUDA synchronised before and after). Each
@@ -95,6 +99,7 @@ from torch import Tensor, nn  # noqa: E402
 from bench.ensemble_linear import _cpu_peak_delta, use_heap_malloc  # noqa: E402
 from ripieno.framework.methods.image_classifier import make_backbone  # noqa: E402
 from ripieno.framework.uq.glm_sampler import GLMPosteriorSampler  # noqa: E402
+from ripieno.framework.uq.least_squares_sampler import LeastSquaresLogitSampler  # noqa: E402
 from ripieno.framework.uq.linearization import FullNetworkLinearization, LastLayerLinearization  # noqa: E402
 
 MIB = 2**20
@@ -144,6 +149,8 @@ class Variant:
         predict_growth: the same for one ``predict``.
         cg_iterations: CG iterations of the last timed fit.
         sampler: the last fitted sampler (used for ``predict``).
+        ls_times: seconds per ``LeastSquaresLogitSampler`` fit, one entry per round.
+        ls_growth: peak growth of allocated bytes during one such fit.
     """
 
     name: str
@@ -154,6 +161,8 @@ class Variant:
     predict_growth: int | None = None
     cg_iterations: int = 0
     sampler: GLMPosteriorSampler | None = None
+    ls_times: list[float] = field(default_factory=list)
+    ls_growth: int | None = None
 
 
 def make_data(n_train: int, batch: int, device: torch.device, seed: int = 0) -> tuple[list[Batch], Batch]:
@@ -264,6 +273,47 @@ def measure(
         v.fit_growth = peak_growth(lambda s=profiled: s.fit(loader, _target), device)
 
 
+def measure_least_squares(variants: list[Variant], loader: list[Batch], samples: int, epochs: int,
+                          rounds: int, device: torch.device) -> None:
+    """Time the reference sampler's fit per variant (results stored on them), then profile one.
+
+    Args:
+        variants: the linearisations to compare.
+        loader: training batches.
+        samples: ``S``.
+        epochs: SGD epochs of every fit.
+        rounds: timing rounds (order alternating, as for the exact fits).
+        device: device of the network and data.
+    """
+    def make(v: Variant, n: int) -> LeastSquaresLogitSampler:
+        return LeastSquaresLogitSampler(v.lin, n_samples=samples, epochs=n)
+
+    for v in variants:  # warmup: one batch, one epoch
+        make(v, 1).fit(loader[:1])
+    for r in range(rounds):
+        for v in variants if r % 2 == 0 else variants[::-1]:
+            sampler = make(v, epochs)
+            seconds, _ = timed(lambda s=sampler: s.fit(loader), device)
+            v.ls_times.append(seconds)
+    for v in variants:
+        sampler = make(v, epochs)
+        v.ls_growth = peak_growth(lambda s=sampler: s.fit(loader), device)
+
+
+def print_least_squares(variants: list[Variant], epochs: int, what: str) -> None:
+    """Print the reference sampler's fit times beside the exact fits' (same variants, same data)."""
+    print(f"\n### fit: LinearSampling reference sampler, {epochs} SGD epochs, beside the exact fit"
+          f" ({what})\n")
+    print("| variant | exact CG fit s | reference fit s | reference / exact | reference x LL |"
+          " reference growth MiB | exact growth MiB |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    ll_t = statistics.median(variants[0].ls_times)
+    for v in variants:
+        exact, ref = statistics.median(v.fit_times), statistics.median(v.ls_times)
+        print(f"| {v.name} | {exact:.3f} | {ref:.3f} | {ref / exact:.2f} | {ref / ll_t:.1f} | "
+              f"{_mib(v.ls_growth)} | {_mib(v.fit_growth)} |")
+
+
 def _bytes(tensors: list[Tensor]) -> int:
     return sum(t.untyped_storage().nbytes() for t in tensors)
 
@@ -341,6 +391,8 @@ def main() -> None:
         default="heap",
         help="CPU only: 'heap' keeps freed memory in the heap (see bench/ensemble_linear.py use_heap_malloc)",
     )
+    parser.add_argument("--ls-epochs", type=int, default=None,
+                        help="epochs of the reference sampler's fit (default --iters); 0 skips it")
     parser.add_argument("--quick", action="store_true", help="tiny sizes, one round: smoke test")
     args = parser.parse_args()
     if args.quick:
@@ -373,6 +425,10 @@ def main() -> None:
     mem_iters = args.iters if args.mem_iters is None else args.mem_iters
     measure(variants, loader, test_batch, args.samples, args.iters, mem_iters, args.rounds, device)
     t_ratio, m_ratio = print_tables(variants, resident, what)
+    ls_epochs = args.iters if args.ls_epochs is None else args.ls_epochs
+    if ls_epochs > 0:
+        measure_least_squares(variants, loader, args.samples, ls_epochs, args.rounds, device)
+        print_least_squares(variants, ls_epochs, what)
     m_text = "n/a" if m_ratio is None else f"{m_ratio:.1f}x"
     t_ok, m_ok = t_ratio >= 10, m_ratio is not None and m_ratio >= 3.5
     print(

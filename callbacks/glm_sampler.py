@@ -1,15 +1,24 @@
 """LastLayerSampler: post-hoc posterior samples of a trained network (LL-GLM or DNN-GLM).
 
 After ``fit`` (or before ``test``/``predict`` when no fit ran in this process) the
-callback linearises the module around its trained weights and draws S exact posterior
-samples by sample-then-optimise (``ripieno.framework.uq.GLMPosteriorSampler``), with gradients
-enabled: Lightning's evaluation loops run under inference mode, which forbids the
-Jacobian products. Evaluation and prediction follow ``PosteriorPredictiveCallback``.
+callback linearises the module around its trained weights and draws S samples with
+gradients enabled (Lightning's evaluation loops run under inference mode, which forbids
+the Jacobian products), from one of two posteriors:
+
+* ``laplace_ggn`` (default): exact samples of the linearised-Laplace (GGN) posterior by
+  randomise-then-optimise (``ripieno.framework.uq.GLMPosteriorSampler``);
+* ``least_squares_logits``: the LinearSampling package's sampler, the paper's reference
+  (``ripieno.framework.uq.LeastSquaresLogitSampler``): start at ``theta* + gamma eps``,
+  fit the trained logits by SGD with momentum for a fixed number of epochs, and predict
+  with ``scale * (f(x; theta*) + J(x) (theta_s - theta*))``.
+
+Evaluation and prediction follow ``PosteriorPredictiveCallback``.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 from typing import Any, Literal
 
 import lightning as L
@@ -20,7 +29,17 @@ from typing_extensions import override
 from ripieno.callbacks.posterior_predictive import PosteriorPredictiveCallback, plain_copy
 from ripieno.framework.metrics.uq import LogPointwisePredictiveDensity
 from ripieno.framework.uq.glm_sampler import GLMPosteriorSampler, last_layer_log_evidence
+from ripieno.framework.uq.least_squares_sampler import LeastSquaresLogitSampler
 from ripieno.framework.uq.linearization import FullNetworkLinearization, LastLayerLinearization
+
+Posterior = Literal["laplace_ggn", "least_squares_logits"]
+#: The reference's settings for LeNet on Fashion-MNIST (LinearSampling's amended results), per ``glm``.
+LEAST_SQUARES_DEFAULTS: dict[str, dict[str, int | float]] = {
+    "full": {"epochs": 10, "batch_size": 152, "lr": 1e-2, "momentum": 0.9, "gamma": 0.01},
+    "last_layer": {"epochs": 20, "batch_size": 56, "lr": 1e-2, "momentum": 0.9, "gamma": 1.0},
+}
+_LEAST_SQUARES_ONLY = ("gamma", "gamma_grid", "predictive_scale", "predictive_scale_grid", "epochs",
+                       "batch_size", "lr", "momentum")
 
 
 class LastLayerSampler(PosteriorPredictiveCallback):
@@ -33,10 +52,28 @@ class LastLayerSampler(PosteriorPredictiveCallback):
 
     Logged on test, under ``uq/test/``: ``ece`` (15 bins), ``nll`` and ``lppd`` of the
     posterior predictive, ``varroc_id`` (classification), or ``nll`` (Gaussian, with
-    the noise) and ``lppd`` (regression); ``varroc_ood`` with an OOD test dataloader.
+    the noise) and ``lppd`` (regression); ``varroc_ood`` with an OOD test dataloader;
+    ``uq/prior_precision``, or ``uq/gamma`` and ``uq/predictive_scale``, when chosen.
+
+    ``posterior="least_squares_logits"`` (classification only) takes the reference's
+    settings for LeNet on Fashion-MNIST unless given (``LEAST_SQUARES_DEFAULTS``: DNN-GLM 10
+    epochs, batch 152, lr 1e-2, gamma 0.01; LL-GLM 20 epochs, batch 56, lr 1e-2, gamma 1;
+    momentum 0.9) and, as the reference's last-layer sampler, samples the last layer's
+    weight only (its bias stays trained). With ``gamma_grid`` and/or
+    ``predictive_scale_grid`` it keeps the pair with the highest validation LPPD: the
+    solve runs once (samples are proportional to ``gamma``), so the grid costs one pass
+    over the validation split.
+
+    Example:
+        >>> sampler = LastLayerSampler(glm="full", posterior="least_squares_logits",
+        ...                            gamma_grid=[0.003, 0.01, 0.03], predictive_scale_grid=[0.5, 1.0, 2.0])
+        >>> sampler.settings["epochs"], sampler.settings["batch_size"]
+        (10, 152)
 
     Args:
         glm: ``last_layer`` (LL-GLM: only the last ``nn.Linear``) or ``full`` (DNN-GLM).
+        posterior: ``laplace_ggn`` (exact linearised-Laplace samples) or
+            ``least_squares_logits`` (the LinearSampling reference sampler).
         last_layer_name: module name of the last linear layer (default: the last
             ``nn.Linear`` of the module).
         n_samples: posterior samples S.
@@ -58,11 +95,27 @@ class LastLayerSampler(PosteriorPredictiveCallback):
         ood_dataloader_idx: index of a test dataloader holding OOD inputs: its batches feed
             ``varroc_ood`` (AUROC of OOD vs correctly classified ID points) only.
         seed: the sampler's own seed.
+        gamma: ``least_squares_logits``: scale of the start draws ``theta* + gamma eps``.
+        gamma_grid: ``least_squares_logits``: candidate ``gamma`` values (validation LPPD).
+        predictive_scale: ``least_squares_logits``: the factor on the whole linearised
+            logits ``f(x; theta*) + J(x)(theta_s - theta*)`` before the softmax (the
+            reference's ``scale_cal``; 1 keeps them as they are).
+        predictive_scale_grid: ``least_squares_logits``: candidate scales (validation LPPD).
+        epochs: ``least_squares_logits``: SGD epochs over the training data.
+        batch_size: ``least_squares_logits``: SGD batch size (the training data in a fixed
+            order, re-batched).
+        lr: ``least_squares_logits``: SGD step size.
+        momentum: ``least_squares_logits``: heavy-ball momentum.
+        progress_bar: show a progress bar over the ``least_squares_logits`` solve (default:
+            when the trainer shows its own, on rank 0).
+        varroc_prediction: VARROC's predicted class: ``predictive_mean`` or ``map`` (see
+            ``PosteriorPredictiveCallback``).
     """
 
     def __init__(
         self,
         glm: Literal["last_layer", "full"] = "last_layer",
+        posterior: Posterior = "laplace_ggn",
         last_layer_name: str | None = None,
         n_samples: int = 10,
         prior_precision: float = 1.0,
@@ -76,10 +129,36 @@ class LastLayerSampler(PosteriorPredictiveCallback):
         target_key: str = "y",
         ood_dataloader_idx: int | None = None,
         seed: int = 0,
+        gamma: float | None = None,
+        gamma_grid: list[float] | None = None,
+        predictive_scale: float | None = None,
+        predictive_scale_grid: list[float] | None = None,
+        epochs: int | None = None,
+        batch_size: int | None = None,
+        lr: float | None = None,
+        momentum: float | None = None,
+        progress_bar: bool | None = None,
+        varroc_prediction: Literal["predictive_mean", "map"] = "predictive_mean",
     ) -> None:
-        super().__init__(input_key, target_key, ood_dataloader_idx)
+        super().__init__(input_key, target_key, ood_dataloader_idx, varroc_prediction)
         if glm not in ("last_layer", "full"):
             raise ValueError(f"glm must be 'last_layer' or 'full', got {glm!r}.")
+        if posterior not in ("laplace_ggn", "least_squares_logits"):
+            raise ValueError(f"posterior must be 'laplace_ggn' or 'least_squares_logits', got {posterior!r}.")
+        self.posterior = posterior
+        given = {"gamma": gamma, "gamma_grid": gamma_grid, "predictive_scale": predictive_scale,
+                 "predictive_scale_grid": predictive_scale_grid, "epochs": epochs, "batch_size": batch_size,
+                 "lr": lr, "momentum": momentum}
+        #: the least-squares solve's settings (reference defaults filled in); empty for laplace_ggn.
+        self.settings: dict[str, Any] = {}
+        if posterior == "least_squares_logits":
+            self.settings = self._least_squares_settings(glm, given, likelihood, solver, prior_precision_grid,
+                                                         selection)
+        elif any(given[name] is not None for name in _LEAST_SQUARES_ONLY):
+            named = [name for name in _LEAST_SQUARES_ONLY if given[name] is not None]
+            raise ValueError(f"{named} apply to posterior='least_squares_logits' only; laplace_ggn takes"
+                             " prior_precision(_grid), solver and max_iters.")
+        self.progress_bar = progress_bar
         self.glm, self.last_layer_name = glm, last_layer_name
         self.n_samples, self.prior_precision = n_samples, prior_precision
         self.noise_variance_setting, self.likelihood_setting = noise_variance, likelihood
@@ -95,8 +174,40 @@ class LastLayerSampler(PosteriorPredictiveCallback):
         self.log_evidence: dict[float, float] = {}
         self.chosen_prior_precision: float | None = None
         self.validation_lppd: dict[float, float] = {}
-        self.sampler: GLMPosteriorSampler | None = None
+        #: ``least_squares_logits``: validation LPPD per ``(gamma, predictive_scale)``.
+        self.grid_lppd: dict[tuple[float, float], float] = {}
+        self.chosen_gamma: float | None = None
+        self.chosen_predictive_scale: float | None = None
+        self.sampler: GLMPosteriorSampler | LeastSquaresLogitSampler | None = None
         self.affine: tuple[float, float] = (1.0, 0.0)
+
+    @staticmethod
+    def _least_squares_settings(glm: str, given: dict[str, Any], likelihood: str, solver: str,
+                                prior_precision_grid: list[float] | None, selection: str) -> dict[str, Any]:
+        """The reference's defaults for ``glm`` updated with the given values, validated."""
+        if likelihood == "regression":
+            raise ValueError("posterior='least_squares_logits' is the reference's classifier sampler (it fits"
+                             " logits); use posterior='laplace_ggn' for regression.")
+        if solver != "cg" or prior_precision_grid is not None or selection != "validation":
+            raise ValueError("solver, prior_precision_grid and selection='evidence' apply to"
+                             " posterior='laplace_ggn'; least_squares_logits has no prior: tune"
+                             " gamma_grid and predictive_scale_grid instead.")
+        settings: dict[str, Any] = {**LEAST_SQUARES_DEFAULTS[glm], "predictive_scale": 1.0}
+        settings["epochs"], settings["batch_size"] = int(settings["epochs"]), int(settings["batch_size"])
+        settings.update({k: v for k, v in given.items() if v is not None})
+        for name in ("gamma_grid", "predictive_scale_grid"):
+            grid = settings.get(name)
+            if grid is not None and (not grid or min(grid) <= 0):
+                raise ValueError(f"{name} needs positive values, got {grid}.")
+        for name in ("gamma", "predictive_scale", "lr"):
+            if not settings[name] > 0:
+                raise ValueError(f"{name} must be > 0, got {settings[name]}.")
+        if not 0 <= settings["momentum"] < 1:
+            raise ValueError(f"momentum must be in [0, 1), got {settings['momentum']}.")
+        if settings["epochs"] < 1 or settings["batch_size"] < 1:
+            raise ValueError(f"epochs and batch_size must be >= 1, got {settings['epochs']} and"
+                             f" {settings['batch_size']}.")
+        return settings
 
     @property
     @override
@@ -104,16 +215,16 @@ class LastLayerSampler(PosteriorPredictiveCallback):
         return self._generate_state_key(glm=self.glm, last_layer_name=self.last_layer_name)
 
     # ------------------------------------------------------------------ fitting
-    def fit_posterior(self, trainer: L.Trainer, pl_module: L.LightningModule) -> GLMPosteriorSampler:
+    def fit_posterior(self, trainer: L.Trainer,
+                      pl_module: L.LightningModule) -> GLMPosteriorSampler | LeastSquaresLogitSampler:
         """Draw the posterior samples from the training data (gradients enabled)."""
+        if self.posterior == "least_squares_logits":
+            return self._fit_least_squares(trainer, pl_module)
         loader = self.ordered_train_loader(trainer)
         likelihood = self.resolve_likelihood(pl_module, self.likelihood_setting)
         with torch.inference_mode(False), torch.enable_grad():
             input_fn = self.input_fn(pl_module)
-            if self.glm == "last_layer":
-                lin = LastLayerLinearization(pl_module, input_fn, self.last_layer_name)
-            else:
-                lin = FullNetworkLinearization(pl_module, input_fn)
+            lin = self._linearization(pl_module, input_fn)
             # The sampler works in the module's raw output units; metrics in target units.
             scale, shift = self.output_affine(pl_module) if likelihood == "regression" else (1.0, 0.0)
             self.affine = (scale, shift)
@@ -144,6 +255,62 @@ class LastLayerSampler(PosteriorPredictiveCallback):
                                f" best validation LPPD ({best[0]:.4f}) of {grid}")
         self.likelihood, self.noise_variance = likelihood, self.sampler.noise_variance * scale**2
         return self.sampler
+
+    def _linearization(self, pl_module: L.LightningModule,
+                       input_fn: Any) -> LastLayerLinearization | FullNetworkLinearization:  # noqa: ANN401
+        if self.glm == "last_layer":
+            return LastLayerLinearization(pl_module, input_fn, self.last_layer_name)
+        return FullNetworkLinearization(pl_module, input_fn)
+
+    def _fit_least_squares(self, trainer: L.Trainer,
+                           pl_module: L.LightningModule) -> LeastSquaresLogitSampler:
+        """The reference sampler's solve, then ``(gamma, scale)`` by validation LPPD."""
+        likelihood = self.resolve_likelihood(pl_module, self.likelihood_setting)
+        if likelihood == "regression":
+            raise ValueError(f"posterior='least_squares_logits' fits logits; {type(pl_module).__name__} is a"
+                             " regression module: use posterior='laplace_ggn'.")
+        self.likelihood, self.noise_variance, self.affine = likelihood, 1.0, (1.0, 0.0)
+        cfg = self.settings
+        loader = self.ordered_train_loader(trainer, cfg["batch_size"])
+        progress = self.progress_bar
+        if progress is None:
+            progress = trainer.progress_bar_callback is not None
+        progress = bool(progress) and trainer.is_global_zero
+        with torch.inference_mode(False), torch.enable_grad():
+            lin = self._linearization(pl_module, self.input_fn(pl_module))
+            sampler = LeastSquaresLogitSampler(
+                lin, n_samples=self.n_samples, epochs=cfg["epochs"], lr=cfg["lr"], momentum=cfg["momentum"],
+                perturb="weights" if self.glm == "last_layer" else "all", gamma=cfg["gamma"],
+                scale=cfg["predictive_scale"], seed=self.seed, progress=progress,
+            ).fit(loader)
+            gammas = cfg.get("gamma_grid") or [cfg["gamma"]]
+            scales = cfg.get("predictive_scale_grid") or [cfg["predictive_scale"]]
+            if len(gammas) * len(scales) > 1:
+                self.grid_lppd = self._grid_lppd(trainer, sampler, gammas, scales)
+                sampler.gamma, sampler.scale = best = max(self.grid_lppd, key=self.grid_lppd.get)
+                rank_zero_info(f"LastLayerSampler: gamma={best[0]:g}, predictive_scale={best[1]:g} have the"
+                               f" best validation LPPD ({self.grid_lppd[best]:.4f}) of gamma {gammas} x"
+                               f" scale {scales}")
+        self.chosen_gamma, self.chosen_predictive_scale = sampler.gamma, sampler.scale
+        self.sampler = sampler
+        return sampler
+
+    def _grid_lppd(self, trainer: L.Trainer, sampler: LeastSquaresLogitSampler, gammas: list[float],
+                   scales: list[float]) -> dict[tuple[float, float], float]:
+        """Validation LPPD of every ``(gamma, scale)`` from one pass of Jacobian products."""
+        loader = trainer.datamodule.val_dataloader() if trainer.datamodule is not None else None
+        if loader is None:
+            raise RuntimeError("gamma_grid and predictive_scale_grid need a datamodule with a"
+                               " val_dataloader.")
+        cached = [(*sampler.deviations(batch), plain_copy(self.target(batch))) for batch in loader]
+        scores = {}
+        for gamma, scale in itertools.product(gammas, scales):
+            metric = LogPointwisePredictiveDensity(task="classification", input_kind="probs")
+            for outputs, deviations, target in cached:
+                logits = sampler.combine(outputs, deviations, gamma, scale)
+                metric.update(self.probabilities(logits).cpu(), target.cpu())
+            scores[gamma, scale] = float(metric.compute())
+        return scores
 
     @torch.no_grad()
     def _best_by_evidence(self, lin: LastLayerLinearization, loader: Any, grid: list[float],  # noqa: ANN401
@@ -203,8 +370,11 @@ class LastLayerSampler(PosteriorPredictiveCallback):
     @override
     def on_test_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_test_epoch_end(trainer, pl_module)
-        if self.chosen_prior_precision is not None:
-            pl_module.log("uq/prior_precision", float(self.chosen_prior_precision))
+        chosen = {"uq/prior_precision": self.chosen_prior_precision, "uq/gamma": self.chosen_gamma,
+                  "uq/predictive_scale": self.chosen_predictive_scale}
+        for name, value in chosen.items():
+            if value is not None:
+                pl_module.log(name, float(value))
 
     def sample(self, pl_module: L.LightningModule, batch: Any) -> torch.Tensor:  # noqa: ANN401
         """Linearised predictions of the S posterior samples, ``(B, S, C)``."""

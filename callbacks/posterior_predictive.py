@@ -7,6 +7,10 @@ of the posterior predictive and ``varroc_id`` (classification; ``varroc_ood`` wh
 dataloader holds OOD inputs), or Gaussian ``nll`` (with the noise) and ``lppd``
 (regression), and writes ``reliability_<Callback>.png`` into the log dir
 (classification). On ``predict`` it adds ``posterior_samples`` to each step's output dict.
+
+VARROC's predicted class (``varroc_prediction``) is the predictive mean's by default; with
+``map`` it is the trained network's own argmax (one extra forward pass per test batch), as
+in the LinearSampling paper's evaluation of GLM samples.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from __future__ import annotations
 import functools
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import lightning as L
 import torch
@@ -28,6 +32,7 @@ from typing_extensions import override
 
 from ripieno.framework.metrics.reliability import reliability_diagram_from_confidences
 from ripieno.framework.metrics.uq import (
+    VARROC_PREDICTIONS,
     ExpectedCalibrationError,
     GaussianNLL,
     LogPointwisePredictiveDensity,
@@ -51,6 +56,9 @@ class PosteriorPredictiveCallback(Callback, ABC):
         target_key: key of the target in dict batches (tuples use element 1).
         ood_dataloader_idx: index of a test dataloader holding OOD inputs: its batches
             feed ``varroc_ood`` (AUROC of OOD vs correctly classified ID points) only.
+        varroc_prediction: whose argmax is VARROC's predicted class (which points count
+            as correct, which class's variance is scored): ``predictive_mean`` or ``map``
+            (the trained network alone).
     """
 
     #: ``regression``, ``classification`` or ``binary``; set by ``prepare``.
@@ -59,10 +67,15 @@ class PosteriorPredictiveCallback(Callback, ABC):
     noise_variance: float = 1.0
 
     def __init__(self, input_key: str | list[str] = "x", target_key: str = "y",
-                 ood_dataloader_idx: int | None = None) -> None:
+                 ood_dataloader_idx: int | None = None,
+                 varroc_prediction: Literal["predictive_mean", "map"] = "predictive_mean") -> None:
         super().__init__()
+        if varroc_prediction not in VARROC_PREDICTIONS:
+            raise ValueError(f"varroc_prediction must be 'predictive_mean' or 'map', got"
+                             f" {varroc_prediction!r}.")
         self.input_key, self.target_key = input_key, target_key
         self.ood_dataloader_idx = ood_dataloader_idx
+        self.varroc_prediction = varroc_prediction
         self._metrics: dict[str, Any] = {}
         self.prepared = False
         self.reliability_path: Path | None = None
@@ -84,18 +97,29 @@ class PosteriorPredictiveCallback(Callback, ABC):
         return batch[self.input_key] if isinstance(batch, dict) else batch[0]
 
     @staticmethod
-    def ordered_train_loader(trainer: L.Trainer) -> Any:  # noqa: ANN401
+    def ordered_train_loader(trainer: L.Trainer, batch_size: int | None = None) -> Any:  # noqa: ANN401
         """The datamodule's training data in a fixed order.
 
         The posterior draws one noise vector per training point in loader order, so a
         shuffled loader would give each DDP rank (and each run) a different posterior.
+
+        Args:
+            trainer: the trainer whose datamodule holds the training data.
+            batch_size: batches of this size instead of the training loader's.
+
+        Raises:
+            RuntimeError: without a datamodule that has a train_dataloader.
+            ValueError: for ``batch_size`` when the training loader is not a ``DataLoader``.
         """
         loader = trainer.datamodule.train_dataloader() if trainer.datamodule is not None else None
         if loader is None:
             raise RuntimeError("A posterior callback needs a datamodule with a train_dataloader.")
         if isinstance(loader, DataLoader):
-            loader = DataLoader(loader.dataset, batch_size=loader.batch_size, shuffle=False,
+            loader = DataLoader(loader.dataset, batch_size=batch_size or loader.batch_size, shuffle=False,
                                 collate_fn=loader.collate_fn, num_workers=loader.num_workers)
+        elif batch_size is not None:
+            raise ValueError(f"A batch size of its own needs the training data as a torch DataLoader, got"
+                             f" {type(loader).__name__}.")
         return loader
 
     def device_input(self, batch: Any, device: torch.device) -> Any:  # noqa: ANN401
@@ -167,6 +191,21 @@ class PosteriorPredictiveCallback(Callback, ABC):
         pl_module.train(was_training)
         return total / max(count, 1)
 
+    @torch.no_grad()
+    def map_probabilities(self, pl_module: L.LightningModule, batch: Any) -> torch.Tensor:  # noqa: ANN401
+        """Class probabilities ``(B, C)`` of the trained network alone, in eval mode.
+
+        Member outputs ``(B, K, C)`` are averaged in probability space.
+        """
+        was_training = pl_module.training
+        pl_module.eval()
+        try:
+            out = call_model(pl_module, self.device_input(batch, pl_module.device)).float()
+        finally:
+            pl_module.train(was_training)
+        out = out[:, None] if out.dim() == 2 else out.reshape(out.shape[0], -1, out.shape[-1])
+        return self.probabilities(out).mean(1)
+
     def is_stale(self, pl_module: L.LightningModule) -> bool:
         """Whether ``prepare`` must run again (e.g. other weights were loaded); default no."""
         return False
@@ -195,13 +234,14 @@ class PosteriorPredictiveCallback(Callback, ABC):
         if self.likelihood == "regression":
             metrics = {"nll": GaussianNLL(), "lppd": LogPointwisePredictiveDensity(task="regression")}
         else:
+            prediction = self.varroc_prediction
             metrics = {"accuracy": MulticlassAccuracy(num_classes=n_classes, average="micro"),
                        "ece": ExpectedCalibrationError(num_classes=n_classes, input_kind="probs"),
                        "nll": PredictiveNLL(input_kind="probs"),
                        "lppd": LogPointwisePredictiveDensity(task="classification", input_kind="probs"),
-                       "varroc_id": VarROC(mode="id", input_kind="probs")}
+                       "varroc_id": VarROC(mode="id", input_kind="probs", prediction=prediction)}
             if self.ood_dataloader_idx is not None:
-                metrics["varroc_ood"] = VarROC(mode="ood", input_kind="probs")
+                metrics["varroc_ood"] = VarROC(mode="ood", input_kind="probs", prediction=prediction)
         self._metrics = {k: m.to(device) for k, m in metrics.items()}
 
     @override
@@ -219,11 +259,17 @@ class PosteriorPredictiveCallback(Callback, ABC):
             self._metrics["lppd"].update(samples, y, self.noise_variance)
             return
         probs = self.probabilities(samples)
+        varroc_kwargs = {}
+        if self.varroc_prediction == "map":
+            varroc_kwargs["map_outputs"] = self.map_probabilities(pl_module, batch).to(probs.device)
         if dataloader_idx == self.ood_dataloader_idx:  # OOD rows feed the OOD detector only
-            self._metrics["varroc_ood"].update(probs, None, is_ood=True)
+            self._metrics["varroc_ood"].update(probs, None, is_ood=True, **varroc_kwargs)
             return
         for name, metric in self._metrics.items():
-            metric.update(probs.mean(1) if name == "accuracy" else probs, target)
+            if name.startswith("varroc"):
+                metric.update(probs, target, **varroc_kwargs)
+            else:
+                metric.update(probs.mean(1) if name == "accuracy" else probs, target)
 
     def _write_reliability_diagram(self, trainer: L.Trainer) -> Path | None:
         """``reliability_<Callback>.png`` in the log dir, from the ECE metric's synced states."""

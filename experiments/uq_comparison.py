@@ -59,12 +59,26 @@ def train(recipe: Path, seed: int, root: Path, overrides: list[str], callbacks: 
     return cli
 
 
-def evaluate(cli: RipienoCLI, name: str, callback: Callback | None, root: Path) -> dict[str, Any]:
-    """Test the trained module with one method's callback; the row of the table."""
+def evaluate(cli: RipienoCLI, name: str, callback: Callback | None, root: Path,
+             datamodule: L.LightningDataModule | None = None,
+             columns: dict[str, str] | None = None) -> dict[str, Any]:
+    """Test the trained module with one method's callback; the row of the table.
+
+    Args:
+        cli: the trained run (its module; its datamodule unless ``datamodule`` is given).
+        name: the method's row label.
+        callback: the method's ``PosteriorPredictiveCallback`` (``None``: the network alone).
+        root: the trainer's root folder.
+        datamodule: data to test on instead of ``cli.datamodule``.
+        columns: logged name -> column of the row (default ``COLUMNS``).
+
+    Returns:
+        ``method``, ``seconds`` (preparation + test) and the metrics of ``columns``.
+    """
     trainer = L.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False,
                         default_root_dir=root, callbacks=[callback] if callback is not None else [])
     start = time.perf_counter()
-    results = trainer.test(cli.model, datamodule=cli.datamodule, verbose=False)
+    results = trainer.test(cli.model, datamodule=datamodule or cli.datamodule, verbose=False)
     merged: dict[str, float] = {}
     for result in results:
         merged.update(result)
@@ -74,7 +88,7 @@ def evaluate(cli: RipienoCLI, name: str, callback: Callback | None, root: Path) 
                   "uq/test/accuracy": merged.get("test/accuracy")}
         if merged.get("uq/test/nll") is not None:
             merged["uq/test/lppd"] = -merged["uq/test/nll"]
-    for key, column in COLUMNS.items():
+    for key, column in (columns or COLUMNS).items():
         value = merged.get(key)
         row[column] = round(float(value), 4) if value is not None else None
     return row

@@ -170,6 +170,93 @@ def test_prior_precision_grid_keeps_the_best_validation_lppd(tmp_path):
     assert result["uq/prior_precision"] == callback.chosen_prior_precision
 
 
+def _stack(rows):
+    return {"x": torch.stack([r["x"] for r in rows]), "y": torch.stack([r["y"] for r in rows])}
+
+
+@pytest.mark.parametrize("glm", ["last_layer", "full"])
+def test_least_squares_logits_grid_keeps_the_best_validation_lppd(tmp_path, glm):
+    model, data = TinyClassifier(), TinyData()
+    callback = LastLayerSampler(glm=glm, posterior="least_squares_logits", n_samples=6, epochs=3,
+                                batch_size=16, gamma_grid=[0.01, 0.3, 3.0],
+                                predictive_scale_grid=[0.5, 1.0, 2.0])
+    trainer = _trainer(tmp_path, callback)
+    trainer.fit(model, datamodule=data)
+    sampler = callback.sampler
+    assert sampler.epochs == 3 and sampler.perturb == ("weights" if glm == "last_layer" else "all")
+    assert sampler.n_train == 100 and not sampler.progress  # the trainer's bar is off
+    scores = callback.grid_lppd
+    assert len(scores) == 9 and len(set(scores.values())) > 1
+    best = max(scores, key=scores.get)
+    assert (callback.chosen_gamma, callback.chosen_predictive_scale) == best == (sampler.gamma, sampler.scale)
+    # The kept pair's score is the validation LPPD of its samples, recomputed directly.
+    val = _stack(data.rows[100:120])
+    probs = torch.softmax(sampler.predict(val).double(), -1).mean(1)
+    assert scores[best] == pytest.approx(float(probs[torch.arange(20), val["y"]].log().mean()), rel=1e-4)
+    result = trainer.test(model, datamodule=data, verbose=False)[0]
+    assert (result["uq/gamma"], result["uq/predictive_scale"]) == pytest.approx(best)
+    test = _stack(data.rows[120:])
+    probs = torch.softmax(sampler.predict(test).double(), -1).mean(1)
+    nll = -probs[torch.arange(40), test["y"]].log().mean()
+    assert result["uq/test/nll"] == pytest.approx(float(nll), rel=1e-4)
+
+
+def test_least_squares_logits_takes_the_reference_settings_and_shows_progress(tmp_path):
+    full = LastLayerSampler(glm="full", posterior="least_squares_logits")
+    last = LastLayerSampler(posterior="least_squares_logits", lr=0.05)
+    assert {k: full.settings[k] for k in ("epochs", "batch_size", "lr", "momentum", "gamma")} == {
+        "epochs": 10, "batch_size": 152, "lr": 1e-2, "momentum": 0.9, "gamma": 0.01}
+    assert {k: last.settings[k] for k in ("epochs", "batch_size", "lr", "gamma")} == {
+        "epochs": 20, "batch_size": 56, "lr": 0.05, "gamma": 1.0}
+    callback = LastLayerSampler(posterior="least_squares_logits", n_samples=2, epochs=1)
+    trainer = L.Trainer(max_epochs=1, logger=False, enable_model_summary=False, enable_checkpointing=False,
+                        default_root_dir=tmp_path, callbacks=[callback])
+    trainer.fit(TinyClassifier(), datamodule=TinyData())
+    assert callback.sampler.progress and callback.sampler.n_train == 100
+
+
+def test_varroc_map_prediction_uses_the_networks_argmax(tmp_path):
+    from ripieno.framework.metrics.uq import VarROC
+
+    model, data = TinyClassifier(), TinyData()
+    callback = LastLayerSampler(n_samples=8, prior_precision=0.05, max_iters=50, varroc_prediction="map")
+    trainer = _trainer(tmp_path, callback)
+    trainer.fit(model, datamodule=data)
+    result = trainer.test(model, datamodule=data, verbose=False)[0]
+    test = _stack(data.rows[120:])
+    probs = torch.softmax(callback.sampler.predict(test), -1)
+    model.eval()
+    with torch.no_grad():
+        map_logits = model(test["x"])
+    expected = VarROC("id", input_kind="probs", prediction="map")
+    expected.update(probs, test["y"], map_outputs=map_logits)
+    assert result["uq/test/varroc_id"] == pytest.approx(float(expected.compute()), abs=1e-6)
+
+
+@pytest.mark.parametrize(("kwargs", "match"), [
+    ({"posterior": "exact"}, "posterior must be"),
+    ({"gamma": 0.1}, "least_squares_logits' only"),
+    ({"predictive_scale_grid": [1.0]}, "least_squares_logits' only"),
+    ({"posterior": "least_squares_logits", "likelihood": "regression"}, "use posterior='laplace_ggn'"),
+    ({"posterior": "least_squares_logits", "prior_precision_grid": [1.0]}, "no prior"),
+    ({"posterior": "least_squares_logits", "solver": "sgd"}, "no prior"),
+    ({"posterior": "least_squares_logits", "gamma_grid": [0.0, 1.0]}, "positive values"),
+    ({"posterior": "least_squares_logits", "momentum": 1.5}, "momentum must be"),
+    ({"posterior": "least_squares_logits", "epochs": 0}, "epochs and batch_size"),
+    ({"varroc_prediction": "mode"}, "varroc_prediction must be"),
+])
+def test_bad_posterior_arguments_are_rejected(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        LastLayerSampler(**kwargs)
+
+
+def test_least_squares_logits_rejects_a_regression_module(tmp_path):
+    callback = LastLayerSampler(posterior="least_squares_logits", n_samples=2, epochs=1)
+    with pytest.raises(ValueError, match="regression module"):
+        _trainer(tmp_path, callback).fit(TinyClassifier(n_out=1, task="regression"),
+                                         datamodule=TinyData("regression"))
+
+
 def test_posterior_is_refit_when_other_weights_are_loaded(tmp_path):
     model, data = TinyClassifier(), TinyData()
     callback = LastLayerSampler(n_samples=4, max_iters=30)

@@ -202,6 +202,34 @@ def test_varroc_mixed_batch_with_mask_equals_separate_batches():
     assert mixed.compute().item() == pytest.approx(separate.compute().item(), abs=1e-7)
 
 
+def test_varroc_map_prediction_scores_the_networks_class():
+    """prediction='map': the MAP argmax picks the correct/wrong split and the scored class."""
+    logits, target, _, _ = _varroc_data()
+    ood_logits, _, _, _ = _varroc_data(seed=9, b=30)
+    map_logits = logits[:, 0] + np.random.default_rng(3).normal(0.0, 2.0, logits[:, 0].shape)
+    ood_map = ood_logits[:, 0]
+    probs = softmax(logits, axis=-1).astype(np.float32).astype(np.float64)
+    ood_probs = softmax(ood_logits, axis=-1).astype(np.float32).astype(np.float64)
+    predicted, ood_predicted = map_logits.argmax(-1), ood_map.argmax(-1)
+    assert (predicted != probs.mean(1).argmax(-1)).sum() >= 5  # the two choices really differ
+    score = probs[np.arange(len(predicted)), :, predicted].var(1)
+    ood_score = ood_probs[np.arange(len(ood_predicted)), :, ood_predicted].var(1)
+    correct = predicted == target
+    for mode, expected in [
+        ("id", roc_auc_score(~correct, score)),
+        ("ood", roc_auc_score(np.r_[np.zeros(correct.sum()), np.ones(30)], np.r_[score[correct], ood_score])),
+    ]:
+        metric = VarROC(mode, prediction="map")
+        metric.update(_t(logits), _t(target, torch.long), map_outputs=_t(map_logits))
+        metric.update(_t(ood_logits), is_ood=True, map_outputs=_t(softmax(ood_map, axis=-1)))  # probs alike
+        assert metric.compute().item() == pytest.approx(expected, abs=1e-6), mode
+    ignored = VarROC("id")  # predictive_mean ignores map_outputs
+    ignored.update(_t(logits), _t(target, torch.long), map_outputs=_t(map_logits))
+    plain = VarROC("id")
+    plain.update(_t(logits), _t(target, torch.long))
+    assert ignored.compute().item() == plain.compute().item()
+
+
 def test_varroc_degenerate_returns_nan_with_warning():
     logits, target, _, correct = _varroc_data()
     metric = VarROC("id")
@@ -262,6 +290,11 @@ def test_two_shards_merge_to_one_pass(name):
     (lambda: VarROC().update(torch.randn(4, 3), torch.zeros(4, dtype=torch.long)), "samples >= 2"),
     (lambda: VarROC().update(torch.randn(4, 3, 2)), "target is required"),
     (lambda: VarROC(mode="both"), "Unknown mode"),
+    (lambda: VarROC(prediction="mode"), "Unknown prediction"),
+    (lambda: VarROC(prediction="map").update(torch.randn(4, 3, 2), torch.zeros(4, dtype=torch.long)),
+     "needs map_outputs"),
+    (lambda: VarROC(prediction="map").update(torch.randn(4, 3, 2), torch.zeros(4, dtype=torch.long),
+                                             map_outputs=torch.randn(4, 3)), r"shaped \(4, 2\)"),
 ])
 def test_bad_inputs_raise_helpful_errors(call, match):
     with pytest.raises(ValueError, match=match):

@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from ripieno.framework.image_spec import ImageSpec
 from ripieno.framework.methods.member_module import MemberModule
 
-Backbone = Literal["cnn", "mlp"]
+Backbone = Literal["cnn", "mlp", "lenet"]
 
 
 def make_backbone(kind: Backbone, image_shape: tuple[int, int, int], width: int) -> tuple[nn.Module, int]:
@@ -23,15 +23,24 @@ def make_backbone(kind: Backbone, image_shape: tuple[int, int, int], width: int)
 
     ``cnn``: two conv(3x3)-ReLU-maxpool stages (``width``, ``2 width`` channels) and a
     ``4 width`` linear layer (LeNet-like, for 28x28 and 8x8 inputs); ``mlp``: flatten and
-    two ``4 width`` layers.
+    two ``4 width`` layers; ``lenet``: LeNet-5 as in the LinearSampling paper's experiments
+    (28x28 inputs; conv 5x5 to 6 channels with padding 2, sigmoid, 2x2 average pool, conv
+    5x5 to 16, sigmoid, pool, linear 400-120-84 with sigmoids; ``width`` is ignored).
     """
     c, h, w = image_shape
+    if kind == "lenet":
+        if (h, w) != (28, 28):
+            raise ValueError(f"The lenet backbone is LeNet-5 for 28x28 images, got {h}x{w}; use 'cnn'.")
+        lenet = [nn.Conv2d(c, 6, 5, padding=2), nn.Sigmoid(), nn.AvgPool2d(2),
+                 nn.Conv2d(6, 16, 5), nn.Sigmoid(), nn.AvgPool2d(2), nn.Flatten(),
+                 nn.Linear(16 * 5 * 5, 120), nn.Sigmoid(), nn.Linear(120, 84), nn.Sigmoid()]
+        return nn.Sequential(*lenet), 84
     if kind == "mlp":
         layers = [nn.Flatten(), nn.Linear(c * h * w, 4 * width), nn.ReLU(),
                   nn.Linear(4 * width, 4 * width), nn.ReLU()]
         return nn.Sequential(*layers), 4 * width
     if kind != "cnn":
-        raise ValueError(f"Unknown backbone {kind!r}; use 'cnn' or 'mlp'.")
+        raise ValueError(f"Unknown backbone {kind!r}; use 'cnn', 'mlp' or 'lenet'.")
     if min(h, w) < 4:
         raise ValueError(f"The cnn backbone needs images of at least 4x4, got {h}x{w}; use 'mlp'.")
     conv = nn.Sequential(
@@ -51,7 +60,7 @@ class ImageClassifier(MemberModule):
 
     Args:
         data_spec: the data's ``ImageSpec`` (or dict); linked from ``data.spec`` by the CLI.
-        backbone: ``cnn`` or ``mlp``.
+        backbone: ``cnn``, ``mlp`` or ``lenet`` (LeNet-5, see ``make_backbone``).
         width: channel/width multiplier of the backbone.
         dropout: dropout before the last layer (also what MC-dropout samples).
         lr: AdamW learning rate.

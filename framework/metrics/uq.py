@@ -16,7 +16,8 @@ predictive mean and variance shaped like the target.
 * ``VarROC``: AUROC of the across-sample variance of the predicted-class probability,
   separating misclassified (``id``) or out-of-distribution (``ood``) points from
   correctly classified ones ("Is the last layer sufficient for uncertainty
-  quantification?").
+  quantification?"); the predicted class is the predictive mean's or, as in that paper's
+  code, the trained (MAP) network's.
 
 Sums accumulate in float64 states reduced with ``sum`` (scores for AUROC with ``cat``)
 across DDP ranks, and every update runs with autocast disabled, in float32. RMSE is
@@ -351,14 +352,20 @@ class GaussianNLL(_MeanState):
 
 
 _ID_CORRECT, _ID_WRONG, _OOD = 0, 1, 2
+#: Whose argmax is ``VarROC``'s predicted class.
+VARROC_PREDICTIONS = ("predictive_mean", "map")
 
 
 class VarROC(Metric):
     """AUROC of sample variance as a detector of misclassified or OOD points.
 
-    The predicted class is the argmax of the predictive mean ``mean_s p_s``; the score
-    is ``var_s p_s(predicted class)`` (population variance, ``ddof=0``; AUROC does not
-    depend on that scale), or with ``score="sum"`` the variance summed over classes.
+    The predicted class is the argmax of the predictive mean ``mean_s p_s``
+    (``prediction="predictive_mean"``) or of the trained network's own output
+    (``prediction="map"``, passed to ``update`` as ``map_outputs``: the choice of the
+    LinearSampling paper's code, which scores GLM samples around the MAP prediction). It
+    decides which points count as correctly classified and which class is scored; the
+    score is ``var_s p_s(predicted class)`` (population variance, ``ddof=0``; AUROC does
+    not depend on that scale), or with ``score="sum"`` the variance summed over classes.
     Negatives are always correctly classified in-distribution points; positives are:
 
     * ``mode="id"``: misclassified in-distribution points (OOD rows are ignored);
@@ -370,10 +377,19 @@ class VarROC(Metric):
     small validation set), ``compute`` warns and returns ``nan`` instead of raising,
     so that a training loop logging this metric goes on.
 
+    Example:
+        >>> import torch
+        >>> probs = torch.tensor([[[0.9, 0.1], [0.9, 0.1]], [[0.9, 0.1], [0.1, 0.9]]])
+        >>> metric = VarROC(mode="id", input_kind="probs", prediction="map")
+        >>> metric.update(probs, torch.tensor([0, 1]), map_outputs=torch.tensor([[2.0, 0.0], [1.0, 0.0]]))
+        >>> metric.compute()
+        tensor(1.)
+
     Args:
         mode: ``id`` or ``ood``.
         input_kind: ``logits`` or ``probs``.
         score: ``predicted`` (variance of the predicted-class probability) or ``sum``.
+        prediction: whose argmax is the predicted class: ``predictive_mean`` or ``map``.
         validate_args: check target range and probability range (costs a device sync).
         kwargs: passed to ``torchmetrics.Metric``.
     """
@@ -387,6 +403,7 @@ class VarROC(Metric):
         mode: Literal["id", "ood"] = "id",
         input_kind: InputKind = "logits",
         score: Literal["predicted", "sum"] = "predicted",
+        prediction: Literal["predictive_mean", "map"] = "predictive_mean",
         validate_args: bool = True,
         **kwargs,  # noqa: ANN003
     ) -> None:
@@ -394,14 +411,17 @@ class VarROC(Metric):
             raise ValueError(f"Unknown mode {mode!r}; use 'id' or 'ood'.")
         if score not in ("predicted", "sum"):
             raise ValueError(f"Unknown score {score!r}; use 'predicted' or 'sum'.")
+        if prediction not in VARROC_PREDICTIONS:
+            raise ValueError(f"Unknown prediction {prediction!r}; use 'predictive_mean' or 'map'.")
         _check_kind(input_kind)
         super().__init__(**kwargs)
-        self.mode, self.input_kind, self.score = mode, input_kind, score
+        self.mode, self.input_kind, self.score, self.prediction = mode, input_kind, score, prediction
         self.validate_args = validate_args
         self.add_state("scores", default=[], dist_reduce_fx="cat")
         self.add_state("groups", default=[], dist_reduce_fx="cat")
 
-    def update(self, outputs: Tensor, target: Tensor | None = None, is_ood: Tensor | bool = False) -> None:
+    def update(self, outputs: Tensor, target: Tensor | None = None, is_ood: Tensor | bool = False,
+               map_outputs: Tensor | None = None) -> None:
         """Accumulate a batch of in-distribution and/or OOD points.
 
         Args:
@@ -409,6 +429,9 @@ class VarROC(Metric):
             target: ``(B,)`` class labels; values on OOD rows are ignored (any integer,
                 e.g. ``-1``). May be ``None`` when every row is OOD.
             is_ood: ``True``/``False`` for the whole batch, or a ``(B,)`` bool mask.
+            map_outputs: ``(B, C)`` output of the trained network (logits or
+                probabilities: only its argmax is used); required with ``prediction="map"``
+                and ignored otherwise.
         """
         if outputs.ndim != 3 or outputs.shape[1] < 2 or outputs.shape[-1] < 2:
             raise ValueError(
@@ -429,9 +452,19 @@ class VarROC(Metric):
             target = torch.zeros(b, dtype=torch.long, device=outputs.device)
         _check_target(target, outputs, self.validate_args, skip=ood)
         _check_probs(outputs, self.input_kind, self.validate_args)
+        if self.prediction == "map":
+            if map_outputs is None:
+                raise ValueError("VarROC(prediction='map') needs map_outputs, the trained network's"
+                                 " (B, C) output.")
+            if map_outputs.shape != (b, outputs.shape[-1]):
+                raise ValueError(f"Expected map_outputs shaped ({b}, {outputs.shape[-1]}), got"
+                                 f" {tuple(map_outputs.shape)}.")
         with torch.autocast(outputs.device.type, enabled=False):
             probs = sample_probs(outputs, self.input_kind)  # (B, S, C)
-            predicted = probs.mean(1).argmax(-1)
+            if self.prediction == "map":
+                predicted = map_outputs.float().argmax(-1).to(probs.device)
+            else:
+                predicted = probs.mean(1).argmax(-1)
             if self.score == "sum":
                 scores = probs.var(1, correction=0).sum(-1)
             else:

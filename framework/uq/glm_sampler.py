@@ -24,7 +24,8 @@ right-hand side gains ``sum_i J_i^T (y_i - f(x_i; theta*)) / sigma^2 - lambda th
 For a last layer this is Bayesian linear regression on the features, whose closed form
 (``last_layer_closed_form``) is the oracle of the tests.
 
-Relation to the public LinearSampling package: it starts each sample at
+Relation to the public LinearSampling package (``LeastSquaresLogitSampler``, the seed
+paper's reference, sits beside this class): it starts each sample at
 ``theta* + gamma eps`` and fits the MAP outputs (``min ||J (theta - theta*)||^2``) by
 SGD, which converges to ``theta* + (I - P_J) gamma eps``: the ``lambda = 1/gamma^2``,
 noise-free limit of the form above (no likelihood noise, no data perturbation),
