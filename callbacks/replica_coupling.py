@@ -12,7 +12,9 @@ parameters with the copies on axis 0 (``ripieno.framework.mcover.MCoverClassifie
 * ``ElasticAveraging`` (EASGD, Zhang, Choromanska & LeCun 2015, synchronous form): a centre
   variable ``c``; every ``period`` steps, after the optimiser step,
   ``theta_a <- theta_a - alpha (theta_a - c)`` and ``c <- c + alpha sum_a (theta_a - c)``
-  (with the pre-update differences). The centre is the collapsed predictor.
+  (with the pre-update differences). The centre is the collapsed predictor (the module's
+  ``mean_weights`` rule): it is installed at the start of every fit, validation, test and
+  predict run, so testing a checkpoint uses that checkpoint's centre.
 """
 
 from __future__ import annotations
@@ -101,11 +103,26 @@ class ElasticAveraging(Callback):
             raise ValueError(f"EASGD needs M * alpha < 1 for a stable centre; M={m}, alpha={self.alpha}.")
         if self.centre is None:
             self.centre = [p.detach().mean(0).clone() for p in params]
-        else:  # resumed: the loaded centre, on the module's device
-            self.centre = [c.to(p.device) for c, p in zip(self.centre, params, strict=True)]
+        self._install(pl_module)
+
+    @override
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._install(pl_module)
+
+    @override
+    def on_test_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._install(pl_module)
+
+    @override
+    def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._install(pl_module)
 
     def _install(self, pl_module: L.LightningModule) -> None:
+        """Give the module the centre (e.g. one loaded from a checkpoint) on its device."""
+        if self.centre is None:
+            return
+        params = copy_parameters(pl_module)
+        self.centre = [c.to(p.device) for c, p in zip(self.centre, params, strict=True)]
         setter = getattr(pl_module, "set_collapse_parameters", None)
         if callable(setter):
             setter(self.centre)

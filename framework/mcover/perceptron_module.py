@@ -21,12 +21,23 @@ are the copies' fields ``(B, M)`` (real values whose sign is the label, read as
 ``regression``). The annealer runs on the CPU in one process; under DDP every rank would anneal its own
 shard of the training set, so train on one device.
 
+Collapse (``collapse``, as for ``MCoverClassifier``; ``ripieno.framework.mcover.collapse``):
+``mean_weights`` (the default) is the student ``sign(sum_a w_a)``, the sign of the copies'
+mean weights; ``best_copy`` the copy with the fewest errors on the validation split (ties:
+the lower index), chosen at the end of every validation epoch and kept in the
+``best_copy_index`` buffer; ``copy_average`` the copies' majority vote
+``sign(sum_a sign(w_a . x))`` (ties: the ``mean_weights`` student), the hard-label form of
+the mean of the copies' predictions.
+
 Logged: ``train/energy`` (the annealed energy ``sum_a E_a - gamma sum_{a<b} w_a . w_b``),
 ``train/error_routed`` (mean training error of the routed copies), ``train/beta``,
 ``train/gamma``, ``train/acceptance``; on validation and test, from the teacher in the data
-spec, ``{val,test}/gen_error_collapsed`` (the collapsed student ``sign(sum_a w_a)``) and
+spec, ``{val,test}/gen_error_{mean_weights,best_copy,copy_average}`` (the last estimated by
+``vote_generalization_error``), ``/gen_error_collapsed`` (the ``collapse`` rule's) and
 ``/gen_error_copies`` (mean of the copies' own errors), and, on the split's patterns,
-``/error_collapsed`` and ``/accuracy`` (the collapsed student's).
+``/error_{mean_weights,best_copy,copy_average}``, ``/error_collapsed``, ``/accuracy`` (the
+``collapse`` rule's) and ``/best_copy_index``. ``predict_step``'s ``prediction`` is the
+``collapse`` rule's label.
 """
 
 from __future__ import annotations
@@ -36,9 +47,11 @@ from typing import Any, Literal
 
 import torch
 import torchmetrics
-from torch import Tensor
+from lightning.pytorch.utilities import rank_zero_warn
+from torch import Tensor, nn
 from torchmetrics import Metric, MetricCollection
 
+from ripieno.framework.mcover.collapse import CollapseRule, CopyScores, best_copy_index, check_collapse_rule
 from ripieno.framework.mcover.kernels import KernelKind, make_kernel
 from ripieno.framework.mcover.perceptron import (
     AnnealingSchedule,
@@ -48,6 +61,8 @@ from ripieno.framework.mcover.perceptron import (
     copy_generators,
     generalization_error,
     initial_copies,
+    vote_generalization_error,
+    vote_labels,
 )
 from ripieno.framework.mcover.permutations import MAX_EXACT_M, PermutationBank, SamplerKind
 from ripieno.framework.members import PredictOutput, StepOutput
@@ -83,6 +98,8 @@ class BinaryPerceptronSA(MemberModule):
         gamma0: initial replica coupling; ``None``: ``0.05`` for ``replicated``, else ``0``.
         gamma_growth: ``gamma_t = gamma0 (1 + gamma_growth)^t``.
         seed: seed of the copies' initial weights and of their proposal generators.
+        collapse: the collapsed student: ``mean_weights``, ``best_copy`` (on validation) or
+            ``copy_average`` (module docstring).
     """
 
     def __init__(
@@ -106,6 +123,7 @@ class BinaryPerceptronSA(MemberModule):
         gamma0: float | None = None,
         gamma_growth: float = 0.004,
         seed: int = 0,
+        collapse: CollapseRule = "mean_weights",
     ) -> None:
         super().__init__()
         spec = TeacherStudentSpec.coerce(data_spec)
@@ -129,6 +147,7 @@ class BinaryPerceptronSA(MemberModule):
         self.automatic_optimization = False
         self.spec = spec
         self.n_copies = m
+        self.collapse_rule = check_collapse_rule(collapse)
         self.kernel = make_kernel(kernel, m, sigma=sigma, mu=mu, matrix=kernel_matrix)
         auto: SamplerKind = "exact" if m <= MAX_EXACT_M else "mcmc"
         self.sampler: SamplerKind = auto if sampler == "auto" else sampler
@@ -144,14 +163,20 @@ class BinaryPerceptronSA(MemberModule):
         self.register_buffer("w", initial_copies(spec.n_inputs, self._generators).to(torch.int8))
         self.register_buffer("bank_perms", bank.perms)
         self.register_buffer("sweep", torch.zeros((), dtype=torch.long))
+        self.register_buffer("best_copy_index", torch.tensor(-1, dtype=torch.long))  # chosen on validation
         self.register_buffer("teacher", spec.teacher_tensor().to(torch.int8), persistent=False)
         self.__dict__["_annealer"] = None  # built on the first training batch; not a submodule
         self._n_sweeps = n_sweeps
         self.init_members("regression")
+        self.copy_scores = nn.ModuleDict({key: CopyScores(m) for key in self.metrics})  # states not saved
 
     def build_metrics(self) -> dict[str, Metric]:
-        """The collapsed student's error on the split's patterns."""
-        return {"error_collapsed": torchmetrics.MeanMetric()}
+        """The mean-weight student's and the majority vote's errors on the split's patterns.
+
+        The best copy's and the ``collapsed`` errors come from ``copy_scores`` at epoch end.
+        """
+        return {"error_mean_weights": torchmetrics.MeanMetric(),
+                "error_copy_average": torchmetrics.MeanMetric()}
 
     def register_loss_term(self, name: str, fn: LossTerm) -> None:
         """Loss terms need gradients; annealing has none, so this refuses them."""
@@ -179,8 +204,26 @@ class BinaryPerceptronSA(MemberModule):
         return self.w.detach().cpu().to(torch.float64)
 
     def collapse(self) -> Tensor:
-        """The collapsed student ``sign(sum_a w_a)`` (ties: copy 0), float64 ``(N,)``."""
+        """The ``mean_weights`` student ``sign(sum_a w_a)`` (ties: copy 0), float64 ``(N,)``."""
         return collapse(self.copies())
+
+    def chosen_copy(self) -> int:
+        """The ``best_copy`` rule's copy: the one chosen on validation (copy 0, with a warning, if none)."""
+        index = int(self.best_copy_index)
+        if index < 0:
+            rank_zero_warn("No validation epoch has chosen a best copy yet; the best_copy student is"
+                           " copy 0. Validate (or fit with validation) before testing or predicting.")
+            return 0
+        return index
+
+    def collapsed_labels(self, x: Tensor) -> Tensor:
+        """The ``collapse`` rule's labels ``(B,)`` in ``{-1, +1}`` for patterns ``x``."""
+        x = x.to(torch.float64)
+        if self.collapse_rule == "best_copy":
+            return torch.where(self(x)[:, self.chosen_copy()] > 0, 1.0, -1.0).to(torch.float64)
+        if self.collapse_rule == "copy_average":
+            return vote_labels(self(x), x @ self.collapse().to(x.device))
+        return torch.where(x @ self.collapse().to(x.device) > 0, 1.0, -1.0).to(torch.float64)
 
     def schedule(self) -> AnnealingSchedule:
         """The annealing schedule (its length fixed by ``n_sweeps`` or by the fit)."""
@@ -233,42 +276,70 @@ class BinaryPerceptronSA(MemberModule):
         self.log("train/acceptance", (annealer.accepted - accepted) / proposals, batch_size=n)
 
     def step(self, batch: dict[str, Tensor], stage: str) -> StepOutput:
-        """The copies' fields as member outputs and the collapsed student's labels (no loss)."""
+        """The copies' fields as member outputs and the mean-weight student's fields (no loss)."""
         x = batch["x"].to(torch.float64)
         return {"member_outputs": self(x), "target": batch["y"].to(torch.float64),
-                "collapsed_labels": self._collapsed_labels(x)}  # type: ignore[typeddict-unknown-key]
+                "mean_weights_fields": x @ self.collapse().to(x.device)}  # type: ignore[typeddict-unknown-key]
 
     def update_metrics(self, metrics: MetricCollection, out: StepOutput) -> int:
-        """The collapsed student's errors on the batch."""
-        wrong = (out["collapsed_labels"] != out["target"]).to(torch.float64)  # type: ignore[typeddict-item]
-        metrics["error_collapsed"].update(wrong)
-        return len(wrong)
+        """Every rule's errors on the batch (the best copy's from every copy's own)."""
+        fields, target = out["member_outputs"], out["target"]
+        tie_fields = out["mean_weights_fields"]  # type: ignore[typeddict-item]
+        mean_weights = torch.where(tie_fields > 0, 1.0, -1.0).to(torch.float64)
+        metrics["error_mean_weights"].update((mean_weights != target).to(torch.float64))
+        metrics["error_copy_average"].update((vote_labels(fields, tie_fields) != target).to(torch.float64))
+        self.copy_scores[f"{metrics.prefix.rstrip('/')}_"].update(
+            torch.where(fields > 0, 1.0, -1.0).to(torch.float64) == target[:, None])
+        return len(target)
 
     def predict_step(self, batch: dict[str, Tensor], batch_idx: int,
                      dataloader_idx: int = 0) -> PredictOutput:
-        """``prediction`` (the collapsed student's label in ``{-1, +1}``) and the copies' fields."""
+        """``prediction`` (the ``collapse`` rule's label in ``{-1, +1}``) and the copies' fields."""
         x = batch["x"].to(torch.float64)
-        return {"prediction": self._collapsed_labels(x), "member_predictions": self(x)}
+        return {"prediction": self.collapsed_labels(x), "member_predictions": self(x)}
 
-    def _collapsed_labels(self, x: Tensor) -> Tensor:
-        student = self.collapse().to(x.device)
-        return torch.where(x.to(torch.float64) @ student > 0, 1.0, -1.0).to(torch.float64)
+    def on_validation_epoch_start(self) -> None:
+        """Fresh metric states."""
+        super().on_validation_epoch_start()
+        self.copy_scores["val_"].reset()
+
+    def on_test_epoch_start(self) -> None:
+        """Fresh metric states."""
+        super().on_test_epoch_start()
+        self.copy_scores["test_"].reset()
 
     def on_validation_epoch_end(self) -> None:
-        """Log the generalisation errors (from the teacher) and the split's collapsed error."""
-        self._log_eval("val")
+        """Choose the best copy on the split (not in sanity checks); log every rule's errors."""
+        scores = self.copy_scores["val_"]
+        index = best_copy_index(scores.per_copy()["accuracy"]) if scores.update_called else self.chosen_copy()
+        if scores.update_called and not self.trainer.sanity_checking:
+            self.best_copy_index.fill_(index)
+        self._log_eval("val", index)
 
     def on_test_epoch_end(self) -> None:
-        """Log the generalisation errors (from the teacher) and the split's collapsed error."""
-        self._log_eval("test")
+        """Log every rule's errors; the best copy is the one chosen on validation."""
+        self._log_eval("test", self.chosen_copy())
 
-    def _log_eval(self, stage: str) -> None:
-        teacher = self.teacher.cpu().to(torch.float64)
-        error = self.metrics[f"{stage}_"]["error_collapsed"].compute()
-        self.log(f"{stage}/gen_error_collapsed", float(generalization_error(self.collapse(), teacher)),
-                 prog_bar=True)
-        self.log(f"{stage}/gen_error_copies", float(generalization_error(self.copies(), teacher).mean()))
-        self.log(f"{stage}/accuracy", 1.0 - error.float())
+    def _log_eval(self, stage: str, index: int) -> None:
+        """Generalisation errors (from the teacher) and the split's errors of every rule."""
+        teacher, copies = self.teacher.cpu().to(torch.float64), self.copies()
+        gen = {"mean_weights": generalization_error(self.collapse(), teacher),
+               "best_copy": generalization_error(copies[index], teacher),
+               "copy_average": vote_generalization_error(copies, teacher)}
+        for rule, value in gen.items():
+            self.log(f"{stage}/gen_error_{rule}", float(value))
+        self.log(f"{stage}/gen_error_collapsed", float(gen[self.collapse_rule]), prog_bar=True)
+        self.log(f"{stage}/gen_error_copies", float(generalization_error(copies, teacher).mean()))
+        self.log(f"{stage}/best_copy_index", float(index))
+        scores, metrics = self.copy_scores[f"{stage}_"], self.metrics[f"{stage}_"]
+        if not scores.update_called:
+            return
+        errors = {"best_copy": 1.0 - scores.per_copy()["accuracy"][index],
+                  "mean_weights": metrics["error_mean_weights"].compute(),
+                  "copy_average": metrics["error_copy_average"].compute()}
+        self.log(f"{stage}/error_best_copy", errors["best_copy"].float())
+        self.log(f"{stage}/error_collapsed", errors[self.collapse_rule].float())
+        self.log(f"{stage}/accuracy", 1.0 - errors[self.collapse_rule].float())
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         """A no-op optimiser, stepped once per training step.
@@ -286,8 +357,12 @@ class BinaryPerceptronSA(MemberModule):
         checkpoint["perceptron_n_sweeps"] = self._n_sweeps
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        """Restore the generator states; the annealer is rebuilt from the buffers on the next batch."""
+        """Restore the generator states; the annealer is rebuilt from the buffers on the next batch.
+
+        Checkpoints from before ``best_copy_index`` existed load with no copy chosen.
+        """
         super().on_load_checkpoint(checkpoint)
+        checkpoint.get("state_dict", {}).setdefault("best_copy_index", torch.tensor(-1, dtype=torch.long))
         for g, state in zip(self._generators, checkpoint.get("perceptron_generators", []), strict=False):
             g.set_state(state)
         if checkpoint.get("perceptron_n_sweeps") is not None:
