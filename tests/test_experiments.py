@@ -227,3 +227,103 @@ def test_recipe_table_tests_the_best_checkpoint(tmp_path):
     # No logger in the recipes: the CLI's CSV logger writes under trainer.default_root_dir.
     for recipe in ("mlp_churn", "tabm_churn"):
         assert (tmp_path / "runs" / recipe / "seed0" / "logs" / "version_0" / "metrics.csv").is_file()
+
+
+@pytest.mark.slow
+def test_claims_uq_reduced_rows_are_well_formed(tmp_path):
+    """The UQ claims experiment in its CI setting: four claim rows, tables and settings written."""
+    from experiments import claims_uq
+    from experiments.claim_rows import VERDICTS, ClaimRow
+
+    rows = claims_uq.claim_rows(tmp_path, reduced=True)
+    assert len(rows) == 4 and all(isinstance(r, ClaimRow) for r in rows)
+    for row in rows:
+        assert row.verdict in VERDICTS and row.verdict == "inconclusive"  # reduced: too small to say
+        assert row.method == "LL-GLM / DNN-GLM" and "--reduced" in row.command
+        assert all([row.claim, row.data, row.reference, row.ours, row.baseline, row.seeds, row.note])
+    assert "VARROC-OOD" in rows[0].reference and "LinearSampling" in rows[0].reference
+    table = pd.read_csv(tmp_path / "uq_methods.csv")
+    methods = list(table["method"])
+    for name in ("MAP", "LL-GLM (LinearSampling)", "DNN-GLM (LinearSampling)", "LL-GLM (exact GGN)",
+                 "DNN-GLM (GGN", "MC-dropout", "SWAG", "deep ensemble"):
+        assert any(m.startswith(name) for m in methods), name
+    glms = table[table["varroc"] == "map"]
+    assert len(glms) == 6 and glms[["varroc_id", "varroc_ood"]].notna().all().all()
+    paper = table.set_index("method").loc["LL-GLM (LinearSampling, paper's gamma, scale 1)"]
+    assert (paper["gamma"], paper["predictive_scale"]) == (1.0, 1.0)
+    chosen = table.loc[table["method"] == "DNN-GLM (LinearSampling)", "gamma"].item()
+    assert chosen in claims_uq.GAMMA_GRID["DNN-GLM"]
+    assert (table["peak_mib"].dropna() >= 0).all() and table["accuracy"].between(0, 1).all()
+    for name in ("uq_methods.md", "claims.md", "settings.json", "linear_sampling_grid.csv"):
+        assert (tmp_path / name).is_file(), name
+    assert "DNN-GLM separates OOD inputs" in (tmp_path / "claims.md").read_text()
+
+
+@pytest.mark.slow
+def test_claims_lometab_reduced_rows_are_well_formed(tmp_path):
+    """The LoMETab claims experiment in its CI setting: four rows, every CSV and plot written."""
+    from experiments import claims_lometab
+    from experiments.claim_rows import VERDICTS, ClaimRow
+
+    rows = claims_lometab.claim_rows(tmp_path, reduced=True)
+    assert len(rows) == 4 and all(isinstance(r, ClaimRow) for r in rows)
+    for row in rows:
+        assert row.method == "LoMETab" and row.verdict in VERDICTS
+        assert "python -m experiments.claims_lometab --reduced" in row.command and row.seeds == "0"
+        assert all([row.claim, row.data, row.reference, row.ours, row.baseline, row.note])
+    assert "lometab/plain" in rows[0].reference and "lometab/rank_normalized" in rows[0].ours
+    assert "additive/plain" in rows[0].baseline and "additive/relative" in rows[0].baseline
+    budget = claims_lometab.REDUCED
+    grid = pd.read_csv(tmp_path / "grid.csv")
+    cells = len(budget.ranks) * len(budget.sigmas) * len(budget.seeds)
+    assert len(grid) == len(claims_lometab.TABLES) * len(claims_lometab.VARIANTS) * cells
+    # every variant was built with the adapter and draw it is named after
+    assert set(grid["variant"]) == set(grid["adapter"] + "/" + grid["adapter_init"])
+    assert set(grid["variant"]) == set(claims_lometab.VARIANTS)
+    assert (grid[["init_pairwise_kl", "pairwise_kl"]] >= 0).all().all()
+    curves = pd.read_csv(tmp_path / "over_training.csv")
+    assert set(curves["table"]) == set(claims_lometab.TABLES) and curves["epoch"].min() == 0
+    summary = pd.read_csv(tmp_path / "grid_summary.csv")
+    assert len(summary) == 2 * len(claims_lometab.TABLES) * len(claims_lometab.VARIANTS)
+    for name in ("grid_summary.md", "over_training_summary.csv", "over_training_summary.md",
+                 "claims.md", "summary.md", "settings.json"):
+        assert (tmp_path / name).is_file(), name
+    for table in claims_lometab.TABLES:
+        _assert_png(tmp_path / f"over_training_{table}.png")
+        _assert_png(tmp_path / "heatmaps" / f"{table}_lometab_plain_init_pairwise_kl.png")
+    # the tables can be rebuilt from the CSVs without training
+    again = claims_lometab.write_report(claims_lometab.read_rows(tmp_path / "grid.csv"),
+                                        claims_lometab.read_rows(tmp_path / "over_training.csv"),
+                                        tmp_path, reduced=True, wall=0.0)
+    assert [r.reference for r in again] == [r.reference for r in rows]
+
+
+def test_sweep_and_curves_take_adapter_inits_and_seeds(tmp_path):
+    """--adapter_inits and --seeds: one run per draw and seed, each built with its draw."""
+    out = tmp_path / "sweep"
+    diversity_sweep.main(["--recipe", RECIPE, "--ranks", "2", "--sigmas", "1.0", "--max_epochs", "1",
+                          "--adapter_inits", "plain", "rank_normalized", "--seeds", "0", "1",
+                          "--out", str(out), *TINY])
+    rows = _read_csv(out / "diversity_sweep.csv")
+    assert [(r["adapter_init"], r["seed"]) for r in rows] == [
+        ("plain", "0"), ("plain", "1"), ("rank_normalized", "0"), ("rank_normalized", "1")]
+    # plain: A_k B_k^T has std sqrt(2) * 1.0^2 > 1.0 (rank_normalized): members differ more at init
+    kl = {(r["adapter_init"], r["seed"]): float(r["init_pairwise_kl"]) for r in rows}
+    assert all(kl["plain", s] > kl["rank_normalized", s] for s in ("0", "1"))
+    for init in ("plain", "rank_normalized"):
+        _assert_png(out / f"heatmap_init_pairwise_kl_{init}.png")
+
+    out = tmp_path / "over"
+    diversity_over_training.main(["--recipe", RECIPE, "--adapter_inits", "plain", "rank_normalized",
+                                  "--compare", "additive:relative", "--seeds", "0", "1",
+                                  "--max_epochs", "1", "--out", str(out), *TINY])
+    rows = _read_csv(out / "diversity_over_training.csv")
+    assert list(rows[0])[:5] == ["adapter", "adapter_init", "seed", "epoch", "step"]
+    variants = [(r["adapter"], r["adapter_init"], r["seed"]) for r in rows if r["epoch"] == "0"]
+    assert variants == [("lometab", "plain", "0"), ("lometab", "plain", "1"),
+                        ("lometab", "rank_normalized", "0"), ("lometab", "rank_normalized", "1"),
+                        ("additive", "relative", "0"), ("additive", "relative", "1")]
+    with pytest.raises(ValueError, match="already in the comparison"):
+        diversity_over_training.main(["--recipe", RECIPE, "--adapter_inits", "plain",
+                                      "--compare", "lometab:plain", "--max_epochs", "1",
+                                      "--out", str(out), *TINY])
