@@ -166,3 +166,144 @@ def test_ddp_ranks_route_identically(tmp_path):
     saved = torch.load(tmp_path / "banks.pt")
     assert torch.equal(saved["banks"][0], saved["banks"][1])
     assert torch.equal(saved["weights"][0], saved["weights"][1])
+
+
+# ------------------------------------------------------------------ collapse rules
+def _split(loader):
+    xs, ys = zip(*[(b["x"], b["y"]) for b in loader], strict=True)
+    return torch.cat(xs), torch.cat(ys)
+
+
+def _mean_weight_mlp(model):
+    """The oracle of the mean_weights rule: a plain MLP built from the copies' averaged weights."""
+    w = [p.detach().mean(0) for p in model.net.weights]
+    b = [p.detach().mean(0) for p in model.net.biases]
+    layers = [torch.nn.Flatten()]
+    for i, (wi, bi) in enumerate(zip(w, b, strict=True)):
+        linear = torch.nn.Linear(*wi.shape)
+        with torch.no_grad():
+            linear.weight.copy_(wi.T)
+            linear.bias.copy_(bi)
+        layers += [linear] + ([torch.nn.ReLU()] if i < len(w) - 1 else [])
+    return torch.nn.Sequential(*layers)
+
+
+class _BestCopyAtTrainStart(L.Callback):
+    def on_train_start(self, trainer, pl_module):
+        self.index = int(pl_module.best_copy_index)  # after the sanity check
+
+
+def test_every_collapse_rule_equals_its_direct_computation(tmp_path):
+    torch.manual_seed(0)
+    dm = _data()
+    model = _model(dm, collapse="best_copy")
+    probe = _BestCopyAtTrainStart()
+    trainer = _trainer(tmp_path, [RoutingResampler(every_n_steps=1), probe], epochs=3,
+                       enable_checkpointing=False, num_sanity_val_steps=1)
+    trainer.fit(model, datamodule=dm)
+    assert probe.index == -1  # the sanity check chooses nothing
+    model.eval()
+    with torch.no_grad():
+        x_val, y_val = _split(dm.val_dataloader())
+        val_logits = model(x_val)
+        val_acc = (val_logits.argmax(-1) == y_val[:, None]).float().mean(0)
+        val_nll = torch.stack([torch.nn.functional.cross_entropy(val_logits[:, a], y_val)
+                               for a in range(model.n_copies)])
+    best = [a for a in range(model.n_copies) if val_acc[a] == val_acc.max()]
+    expected = min(best, key=lambda a: float(val_nll[a]))  # ties: the lower NLL
+    assert int(model.best_copy_index) == expected
+    assert float(trainer.callback_metrics["val/best_copy_accuracy"]) == pytest.approx(float(val_acc.max()))
+    assert float(trainer.callback_metrics["val/best_copy_nll"]) == pytest.approx(float(val_nll[expected]),
+                                                                                  rel=1e-5)
+
+    result = trainer.test(model, datamodule=dm, verbose=False)[0]
+    x, y = _split(dm.test_dataloader())
+    with torch.no_grad():
+        probs = torch.softmax(model(x), -1)
+        average = probs.mean(1)
+        mean_weights = _mean_weight_mlp(model)(x)
+    copy_acc = (probs.argmax(-1) == y[:, None]).float().mean(0)
+    assert result["test/best_copy_index"] == expected  # chosen on validation, not on test
+    assert result["test/best_copy_accuracy"] == pytest.approx(float(copy_acc[expected]))
+    rows = range(len(y))
+    nll = float(-probs[rows, expected, y].log().mean())
+    assert result["test/best_copy_nll"] == pytest.approx(nll, rel=1e-5)
+    accuracy = float((average.argmax(-1) == y).float().mean())
+    assert result["test/copy_average_accuracy"] == pytest.approx(accuracy)
+    assert result["test/copy_average_nll"] == pytest.approx(float(-average[range(len(y)), y].log().mean()),
+                                                            rel=1e-5)
+    assert result["test/accuracy"] == result["test/copy_average_accuracy"]  # the old names stay
+    assert result["test/mean_weights_accuracy"] == pytest.approx(
+        float((mean_weights.argmax(-1) == y).float().mean()))
+    assert result["test/collapsed_accuracy"] == result["test/best_copy_accuracy"]
+    assert result["test/collapsed_nll"] == result["test/best_copy_nll"]
+    predicted = trainer.predict(model, dataloaders=dm.test_dataloader())
+    assert torch.allclose(torch.cat([p["collapsed"] for p in predicted]), probs[:, expected], atol=1e-6)
+    assert torch.allclose(torch.cat([p["prediction"] for p in predicted]), average, atol=1e-6)
+
+    for rule, name in (("mean_weights", "mean_weights"), ("copy_average", "copy_average")):
+        other = _model(dm, collapse=rule)
+        other.load_state_dict(model.state_dict())
+        again = trainer.test(other, datamodule=dm, verbose=False)[0]
+        assert again["test/collapsed_accuracy"] == pytest.approx(result[f"test/{name}_accuracy"])
+        assert again["test/collapsed_nll"] == pytest.approx(result[f"test/{name}_nll"])
+        predicted = trainer.predict(other, dataloaders=dm.test_dataloader())
+        predicted = torch.cat([p["collapsed"] for p in predicted])
+        direct = torch.softmax(mean_weights, -1) if rule == "mean_weights" else average
+        assert torch.allclose(predicted, direct, atol=1e-5)
+
+
+def test_best_copy_round_trips_through_a_checkpoint(tmp_path):
+    torch.manual_seed(0)
+    dm = _data()
+    model = _model(dm, collapse="best_copy")
+    checkpoint = ModelCheckpoint(dirpath=tmp_path, monitor="val/collapsed_accuracy", mode="max", save_top_k=1)
+    trainer = _trainer(tmp_path, [checkpoint], epochs=3)
+    trainer.fit(model, datamodule=dm)
+    saved = torch.load(checkpoint.best_model_path, weights_only=False)
+    index = int(saved["state_dict"]["best_copy_index"])
+    assert 0 <= index < model.n_copies
+    model.best_copy_index.fill_((index + 1) % model.n_copies)  # test must take the checkpoint's copy
+    result = trainer.test(model, datamodule=dm, ckpt_path=checkpoint.best_model_path, verbose=False)[0]
+    assert result["test/best_copy_index"] == index
+    loaded = MCoverClassifier.load_from_checkpoint(checkpoint.best_model_path, weights_only=False)
+    assert int(loaded.best_copy_index) == index and loaded.collapse_rule == "best_copy"
+    del saved["state_dict"]["best_copy_index"]  # a checkpoint from before the collapse rules
+    torch.save(saved, tmp_path / "old.ckpt")
+    old = MCoverClassifier.load_from_checkpoint(tmp_path / "old.ckpt", weights_only=False)
+    assert int(old.best_copy_index) == -1
+
+
+def test_testing_an_easgd_checkpoint_uses_its_centre(tmp_path):
+    torch.manual_seed(0)
+    dm = _data()
+    model = _model(dm)
+    checkpoint = ModelCheckpoint(dirpath=tmp_path, save_top_k=-1, every_n_epochs=1)
+    trainer = _trainer(tmp_path, [ElasticAveraging(alpha=0.1), checkpoint], epochs=2)
+    trainer.fit(model, datamodule=dm)
+    first = sorted(tmp_path.glob("epoch=0*.ckpt"))[0]
+    state = torch.load(first, weights_only=False)
+    centre = next(v["centre"] for k, v in state["callbacks"].items() if "ElasticAveraging" in k)
+    result = trainer.test(model, datamodule=dm, ckpt_path=first, verbose=False)[0]
+    x, y = _split(dm.test_dataloader())
+    with torch.no_grad():
+        logits = model.net._base_network(centre[:2], centre[2:])(x)
+    accuracy = float((logits.argmax(-1) == y).float().mean())
+    assert result["test/mean_weights_accuracy"] == pytest.approx(accuracy)
+
+
+def test_copy_scores_and_best_copy_ties():
+    from ripieno.framework.mcover.collapse import CopyScores, best_copy_index, check_collapse_rule
+
+    assert best_copy_index(torch.tensor([0.5, 0.9, 0.9]), torch.tensor([0.1, 0.4, 0.3])) == 2
+    assert best_copy_index(torch.tensor([0.9, 0.9, 0.5]), torch.tensor([0.3, 0.3, 0.1])) == 0
+    assert best_copy_index(torch.tensor([0.2, 0.7, 0.7])) == 1
+    scores = CopyScores(1)
+    scores.update(torch.tensor([[True], [False], [True], [True]]), torch.tensor([[1.0], [2.0], [3.0], [4.0]]))
+    per_copy = scores.per_copy()
+    assert per_copy["accuracy"].shape == (1,) and float(per_copy["accuracy"][0]) == 0.75
+    assert float(per_copy["nll"][0]) == 2.5
+    with pytest.raises(ValueError, match="collapse must be one of"):
+        check_collapse_rule("median")
+    with pytest.raises(ValueError, match="collapse must be one of"):
+        MCoverClassifier(_data().spec, collapse="vote")

@@ -403,3 +403,59 @@ def test_module_rejects_inconsistent_settings(kwargs, match):
     spec = TeacherStudentDataModule(n_inputs=20, alpha=1.0).spec
     with pytest.raises(ValueError, match=match):
         BinaryPerceptronSA(spec, **kwargs)
+
+
+# --------------------------------------------------------------- collapse rules
+def test_vote_generalization_error_equals_the_empirical_vote_error():
+    from ripieno.framework.mcover.perceptron import vote_generalization_error, vote_labels
+
+    g = _gen(0)
+    _, _, teacher = teacher_student_data(200, 10, generator=g)
+    for m in (4, 5):  # even M: ties go to the mean-weight student
+        w = torch.where(torch.rand(m, 200, generator=g) < 0.8, teacher, -teacher)
+        x = torch.randn(100_000, 200, generator=g, dtype=torch.float64)
+        truth = torch.where(x @ teacher > 0, 1.0, -1.0).double()
+        empirical = (vote_labels(x @ w.T, x @ collapse(w)) != truth).double().mean()
+        assert float(vote_generalization_error(w, teacher)) == pytest.approx(float(empirical), abs=0.006)
+    one = w[:1]
+    assert float(vote_generalization_error(one, teacher)) == pytest.approx(
+        float(generalization_error(one[0], teacher)), abs=0.006)
+
+
+def test_module_scores_every_collapse_rule_and_predicts_the_chosen_one(tmp_path):
+    from ripieno.framework.mcover.perceptron import vote_generalization_error, vote_labels
+
+    dm = TeacherStudentDataModule(n_inputs=50, alpha=2.0, n_val=200, n_test=200)
+    model = BinaryPerceptronSA(dm.spec, method="mcover", m=4, n_blocks=2, bank_size=4, resample_every=2,
+                               sweeps_per_step=5, collapse="best_copy")
+    trainer = _trainer(tmp_path, enable_checkpointing=False)
+    trainer.fit(model, datamodule=dm)
+    val = next(iter(dm.val_dataloader()))
+    val_errors = (torch.where(model(val["x"]) > 0, 1.0, -1.0) != val["y"][:, None]).double().mean(0)
+    expected = int(torch.nonzero(val_errors == val_errors.min())[0, 0])  # ties: the lower index
+    assert int(model.best_copy_index) == expected
+    result = trainer.test(model, datamodule=dm, verbose=False)[0]
+    test, teacher, copies = next(iter(dm.test_dataloader())), dm.spec.teacher_tensor(), model.copies()
+    fields = model(test["x"])
+    own = (torch.where(fields > 0, 1.0, -1.0) != test["y"][:, None]).double().mean(0)
+    vote = vote_labels(fields, test["x"] @ model.collapse())
+    mean_weights = torch.where(test["x"] @ model.collapse() > 0, 1.0, -1.0)
+    assert result["test/best_copy_index"] == expected
+    assert result["test/error_best_copy"] == pytest.approx(float(own[expected]))
+    assert result["test/error_copy_average"] == pytest.approx(float((vote != test["y"]).double().mean()))
+    wrong = float((mean_weights != test["y"]).double().mean())
+    assert result["test/error_mean_weights"] == pytest.approx(wrong)
+    assert result["test/error_collapsed"] == result["test/error_best_copy"]
+    gen_best = float(generalization_error(copies[expected], teacher))
+    assert result["test/gen_error_best_copy"] == pytest.approx(gen_best, abs=1e-6)
+    assert result["test/gen_error_collapsed"] == pytest.approx(gen_best, abs=1e-6)
+    assert result["test/gen_error_mean_weights"] == pytest.approx(
+        float(generalization_error(model.collapse(), teacher)), abs=1e-6)
+    assert result["test/gen_error_copy_average"] == pytest.approx(
+        float(vote_generalization_error(copies, teacher)), abs=1e-6)
+    predicted = trainer.predict(model, dataloaders=dm.test_dataloader())[0]["prediction"]
+    assert torch.equal(predicted, torch.where(fields[:, expected] > 0, 1.0, -1.0).double())
+    voting = BinaryPerceptronSA(dm.spec, method="mcover", m=4, n_blocks=2, bank_size=4,
+                                collapse="copy_average")
+    voting.load_state_dict(model.state_dict())
+    assert torch.equal(trainer.predict(voting, dataloaders=dm.test_dataloader())[0]["prediction"], vote)
