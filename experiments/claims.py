@@ -10,6 +10,10 @@ Example::
     python -m experiments.claims                 # the full report (docs/results/claims), as `make claims`
     python -m experiments.claims --reduced --out /tmp/claims   # a CI-sized run of the same code
     python -m experiments.claims --only lometab uq             # some of the experiments
+    python -m experiments.claims --collect    # rebuild claims.md from each experiment's claims.md
+
+With ``--collect`` nothing is run: the rows are read back from the ``claims.md`` that each
+experiment's own full run wrote under ``--out/<name>`` (each row keeps its command).
 """
 
 from __future__ import annotations
@@ -72,6 +76,30 @@ def render(rows: Sequence[ClaimRow], *, reduced: bool, seconds: dict[str, float]
     return "\n".join(lines) + "\n"
 
 
+def _collect(out: Path, names: Sequence[str]) -> Path:
+    """``claims.md`` assembled from ``out/<name>/claims.md`` tables (rows kept as written)."""
+    lines = ["# Seed-paper claims, reproduced side by side", "",
+             "Assembled by `python -m experiments.claims --collect` from each experiment's full run"
+             " (its command is in every row; `make claims` reruns them all). Reference = the"
+             " paper-faithful variant; ours = ripieno's variant; both on the same data and seeds.", ""]
+    missing = []
+    header_done = False
+    for name in names:
+        path = out / name / "claims.md"
+        if not path.is_file():
+            missing.append(name)
+            continue
+        table = [line for line in path.read_text().splitlines() if line.startswith("|")]
+        lines.extend(table if not header_done else table[2:])
+        header_done = header_done or bool(table)
+    if missing:
+        lines += ["", "Not measured yet (no claims.md): " + ", ".join(missing) + "."]
+    report = out / "claims.md"
+    report.write_text("\n".join(lines) + "\n")
+    print(f"claims: collected -> {report}")
+    return report
+
+
 def main(argv: Sequence[str] | None = None) -> Path:
     """Run the claims experiments and write ``claims.md``; returns its path."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -79,7 +107,11 @@ def main(argv: Sequence[str] | None = None) -> Path:
     parser.add_argument("--reduced", action="store_true",
                         help="CI-sized settings (fewer seeds, epochs, rows)")
     parser.add_argument("--only", nargs="+", choices=sorted(SOURCES), default=sorted(SOURCES))
+    parser.add_argument("--collect", action="store_true",
+                        help="read each experiment's claims.md instead of running it")
     args = parser.parse_args(argv)
+    if args.collect:
+        return _collect(args.out, args.only)
     rows: list[ClaimRow] = []
     seconds: dict[str, float] = {}
     missing: list[str] = []
