@@ -89,6 +89,19 @@ class GeoReg(Callback):
     def state_key(self) -> str:
         return self._generate_state_key(weight=self.weight, feature_key=self.feature_key)
 
+    def __getstate__(self) -> dict[str, Any]:
+        # ddp_spawn pickles callbacks through torch's shared-memory reductions, and a spawned child cannot
+        # rebuild the shared storage of a generator's state tensor: carry the state as plain bytes instead.
+        state = self.__dict__.copy()
+        state["_generator"] = bytes(self._generator.get_state().numpy())
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        generator_state = state.pop("_generator")
+        self.__dict__.update(state)
+        self._generator = torch.Generator()
+        self._generator.set_state(torch.frombuffer(bytearray(generator_state), dtype=torch.uint8))
+
     @override
     def state_dict(self) -> dict[str, Any]:
         return {"generator": self._generator.get_state()}

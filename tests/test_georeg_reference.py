@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import io
+import pickle
+from multiprocessing.reduction import ForkingPickler
+
 import numpy as np
 import pytest
 import torch
@@ -78,3 +82,17 @@ def test_reference_generator_state_round_trips() -> None:
     a = first._term(None, {"y": y}, {"features": z})
     b = second._term(None, {"y": y}, {"features": z})
     assert float(a) == float(b)
+
+
+def test_reference_generator_state_survives_spawn_pickling() -> None:
+    # ddp_spawn sends callbacks to its workers with torch's ForkingPickler (shared-memory tensor reductions).
+    first = GeoReg(variant="reference", seed=3)
+    z = torch.randn(40, 4)
+    y = torch.arange(40) % 6
+    first._term(None, {"y": y}, {"features": z})
+    buffer = io.BytesIO()
+    ForkingPickler(buffer).dump(first)
+    second = pickle.loads(buffer.getvalue())
+    assert not any(isinstance(v, torch.Tensor) for v in first.__getstate__().values())
+    batch, outputs = {"y": y}, {"features": z}
+    assert float(first._term(None, batch, outputs)) == float(second._term(None, batch, outputs))
