@@ -150,8 +150,10 @@ class _BankRecorder(L.Callback):
     def on_train_end(self, trainer, pl_module):
         banks = trainer.strategy.all_gather(pl_module.bank_perms)
         weights = trainer.strategy.all_gather(pl_module.net.weights[0].detach())
+        best = trainer.strategy.all_gather(pl_module.best_copy_index)
         if trainer.is_global_zero:
-            torch.save({"banks": banks, "weights": weights}, trainer.default_root_dir + "/banks.pt")
+            saved = {"banks": banks, "weights": weights, "best": best}
+            torch.save(saved, trainer.default_root_dir + "/banks.pt")
 
 
 @pytest.mark.slow
@@ -166,6 +168,7 @@ def test_ddp_ranks_route_identically(tmp_path):
     saved = torch.load(tmp_path / "banks.pt")
     assert torch.equal(saved["banks"][0], saved["banks"][1])
     assert torch.equal(saved["weights"][0], saved["weights"][1])
+    assert saved["best"][0] == saved["best"][1] >= 0  # the best copy is chosen on the synced scores
 
 
 # ------------------------------------------------------------------ collapse rules

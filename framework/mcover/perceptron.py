@@ -185,7 +185,7 @@ def vote_generalization_error(w: Tensor, teacher: Tensor, n_samples: int = 2**16
     ``collapse(w)`` are jointly Gaussian with the correlation matrix of those vectors, so
     ``n_samples`` draws of that ``(M + 2)``-dimensional Gaussian (a generator seeded with
     ``seed``: the same answer every call) give the error exactly in distribution, with a
-    standard error of at most ``0.5 / sqrt(n_samples)`` (0.002 by default).
+    standard error of at most ``0.5 / sqrt(n_samples)`` (0.002 by default); exact for ``M = 1``.
 
     Args:
         w: copies ``(M, N)``.
@@ -201,6 +201,8 @@ def vote_generalization_error(w: Tensor, teacher: Tensor, n_samples: int = 2**16
     if w.dim() != 2 or w.shape[-1] != teacher.shape[0]:
         raise ValueError(f"w (M, N) and teacher (N,) disagree: shapes {tuple(w.shape)} and"
                          f" {tuple(teacher.shape)}.")
+    if len(w) == 1:  # one copy: its vote is its label, with a closed-form error
+        return generalization_error(w[0], teacher)
     vectors = torch.cat([teacher[None], w, collapse(w)[None]])
     vectors = vectors / vectors.norm(dim=1, keepdim=True)
     values, basis = torch.linalg.eigh(vectors @ vectors.T)
