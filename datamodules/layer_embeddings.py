@@ -85,7 +85,13 @@ def build_small_backbone(kind: str, target: Path) -> None:
 
 
 def instantiate_source(source: dict[str, Any] | L.LightningDataModule) -> L.LightningDataModule:
-    """The source datamodule from an instance or a ``class_path``/``init_args`` dict."""
+    """The source datamodule from an instance or a ``class_path``/``init_args`` dict.
+
+    Keys beside ``class_path`` and ``init_args`` are init arguments too: that is where
+    LightningCLI puts a command-line override such as
+    ``--data.init_args.source.init_args.max_rows=300`` (jsonargparse's class shorthand).
+    A key given both ways is an error, so no override is silently dropped.
+    """
     if isinstance(source, L.LightningDataModule):
         return source
     if not isinstance(source, dict) or "class_path" not in source:
@@ -101,7 +107,12 @@ def instantiate_source(source: dict[str, Any] | L.LightningDataModule) -> L.Ligh
                               " (e.g. ripieno.datamodules.TextDataModule).") from error
     if not (isinstance(cls, type) and issubclass(cls, L.LightningDataModule)):
         raise DataModuleError(f"source class_path {source['class_path']!r} is not a LightningDataModule.")
-    return cls(**dict(source.get("init_args") or {}))
+    init_args = dict(source.get("init_args") or {})
+    flat = {key: value for key, value in source.items() if key not in ("class_path", "init_args")}
+    if clash := sorted(set(flat) & set(init_args)):
+        raise DataModuleError(f"source sets {clash} both beside and inside init_args ({flat} vs"
+                              f" {init_args}); give each once, under init_args.")
+    return cls(**init_args, **flat)
 
 
 class LayerEmbeddingDataModule(SplitDataModule):

@@ -109,6 +109,16 @@ def test_a_bare_source_class_name_resolves_in_ripieno_datamodules() -> None:
     assert isinstance(source, TeacherStudentDataModule) and source.hparams.n_inputs == 4
 
 
+def test_source_keys_beside_init_args_are_init_args() -> None:
+    # LightningCLI writes --data.init_args.source.init_args.n_inputs=3 as source["n_inputs"].
+    source = instantiate_source({"class_path": "TeacherStudentDataModule", "init_args": {"n_inputs": 4},
+                                 "n_val": 50})
+    assert source.hparams.n_inputs == 4 and source.hparams.n_val == 50
+    with pytest.raises(DataModuleError, match="both beside and inside init_args"):
+        instantiate_source({"class_path": "TeacherStudentDataModule", "init_args": {"n_inputs": 4},
+                            "n_inputs": 3})
+
+
 # ------------------------------------------------------------------------ splits
 @pytest.mark.parametrize("size, n_out", [(0.2, 12), (0.25, 15), (7, 7)])
 @pytest.mark.parametrize("seed", [0, 3])
