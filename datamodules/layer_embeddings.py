@@ -90,7 +90,7 @@ def instantiate_source(source: dict[str, Any] | L.LightningDataModule) -> L.Ligh
     Keys beside ``class_path`` and ``init_args`` are init arguments too: that is where
     LightningCLI puts a command-line override such as
     ``--data.init_args.source.init_args.max_rows=300`` (jsonargparse's class shorthand).
-    A key given both ways is an error, so no override is silently dropped.
+    A key given both ways takes the value beside ``init_args``: the override's.
     """
     if isinstance(source, L.LightningDataModule):
         return source
@@ -109,10 +109,7 @@ def instantiate_source(source: dict[str, Any] | L.LightningDataModule) -> L.Ligh
         raise DataModuleError(f"source class_path {source['class_path']!r} is not a LightningDataModule.")
     init_args = dict(source.get("init_args") or {})
     flat = {key: value for key, value in source.items() if key not in ("class_path", "init_args")}
-    if clash := sorted(set(flat) & set(init_args)):
-        raise DataModuleError(f"source sets {clash} both beside and inside init_args ({flat} vs"
-                              f" {init_args}); give each once, under init_args.")
-    return cls(**init_args, **flat)
+    return cls(**{**init_args, **flat})
 
 
 class LayerEmbeddingDataModule(SplitDataModule):

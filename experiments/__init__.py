@@ -11,7 +11,11 @@ repository root as ``python -m experiments.<name>`` (``--help`` lists each one's
   tabulated;
 * ``loes_comparison``, ``mcover_seeds``, ``uq_comparison``: LOES layer selection, M-cover
   routing and uncertainty methods against their baselines;
-* ``perceptron_alpha``: the binary teacher-student perceptron annealed three ways.
+* ``perceptron_alpha``: the binary teacher-student perceptron annealed three ways;
+* ``claims``: the side-by-side reproduction report (``docs/results/claims/claims.md``) from
+  ``claims_lometab``, ``claims_uq``, ``claims_mcover`` and ``claims_loes``, each of which
+  measures one seed paper's claims with its reference variant, ours and the baselines
+  (``claim_rows(out, reduced=...)``, rows of ``experiments.claim_rows.ClaimRow``).
 
 For example ``python -m experiments.diversity_sweep --recipe tabular/lometab_churn``. Runs
 are built from recipes through ``RipienoCLI`` (helpers in ``experiments.runs``), with the

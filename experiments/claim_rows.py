@@ -12,6 +12,9 @@ writes its tables under ``out`` and returns one :class:`ClaimRow` per claim it t
 
 from __future__ import annotations
 
+import math
+import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -64,11 +67,74 @@ def mean_std(values: list[float], digits: int = 3) -> str:
     Returns:
         The formatted text.
     """
-    import statistics
-
     if not values:
         return "n/a"
     mean = statistics.fmean(values)
     if len(values) == 1:
         return f"{mean:.{digits}f}"
     return f"{mean:.{digits}f} ± {statistics.stdev(values):.{digits}f}"
+
+
+def compare(ours: Sequence[float], baseline: Sequence[float]) -> str:
+    """``better``, ``worse`` or ``tie`` of per-seed errors (lower is better); ``tie`` with one seed.
+
+    Better / worse: the means differ by more than two standard errors of the difference
+    (Welch, ``sqrt(s1^2/n1 + s2^2/n2)``). Pass ``1 - accuracy`` or ``-score`` for metrics
+    where higher is better.
+
+    Args:
+        ours: the method's per-seed errors.
+        baseline: the baseline's per-seed errors.
+
+    Returns:
+        ``"better"``, ``"worse"`` or ``"tie"``.
+
+    Example:
+        >>> compare([0.10, 0.11, 0.09], [0.20, 0.21, 0.19])
+        'better'
+    """
+    if len(ours) < 2 or len(baseline) < 2:
+        return "tie"
+    diff = statistics.fmean(baseline) - statistics.fmean(ours)
+    se = math.sqrt(statistics.variance(ours) / len(ours) + statistics.variance(baseline) / len(baseline))
+    if abs(diff) <= 2 * se or diff == 0:
+        return "tie"
+    return "better" if diff > 0 else "worse"
+
+
+def verdict(outcomes: Sequence[str], reduced: bool) -> Verdict:
+    """A row's verdict from its outcomes (each ``better``, ``worse`` or ``tie``).
+
+    *reproduced* when every outcome is better, *partly* when some are, *not reproduced* when
+    none is and some are worse, *inconclusive* when all are ties or the run was ``reduced``.
+
+    Args:
+        outcomes: one outcome per comparison the claim covers.
+        reduced: whether the run was the reduced (CI) setting.
+
+    Returns:
+        The verdict.
+    """
+    if reduced or all(o == "tie" for o in outcomes):
+        return "inconclusive"
+    if all(o == "better" for o in outcomes):
+        return "reproduced"
+    return "partly" if "better" in outcomes else "not reproduced"
+
+
+def by_outcome(outcomes: dict[str, str]) -> str:
+    """``"holds for: ...; opposite for: ...; within the seed spread: ..."`` of named outcomes.
+
+    Args:
+        outcomes: ``name -> better | worse | tie``.
+
+    Returns:
+        The text, the groups in that order, empty groups left out.
+    """
+    parts = []
+    texts = {"better": "holds for", "worse": "opposite for", "tie": "within the seed spread"}
+    for outcome, text in texts.items():
+        names = [name for name, o in outcomes.items() if o == outcome]
+        if names:
+            parts.append(f"{text}: {', '.join(names)}")
+    return "; ".join(parts)

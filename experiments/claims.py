@@ -32,6 +32,7 @@ SOURCES: dict[str, str] = {
     "lometab": "experiments.claims_lometab",
     "uq": "experiments.claims_uq",
     "mcover": "experiments.claims_mcover",
+    "loes": "experiments.claims_loes",
 }
 COLUMNS = ("method", "claim", "data", "reference", "ours", "baseline", "seeds", "verdict", "note", "command")
 

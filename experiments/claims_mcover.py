@@ -46,8 +46,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
-import statistics
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -56,7 +54,7 @@ from typing import Any
 import pandas as pd
 
 from experiments import mcover_seeds, perceptron_alpha
-from experiments.claim_rows import ClaimRow, Verdict, mean_std
+from experiments.claim_rows import ClaimRow, by_outcome, compare, mean_std, verdict
 from experiments.runs import results_dir
 
 RULES = mcover_seeds.RULES
@@ -103,38 +101,6 @@ FAMILIES = {
 
 
 # -------------------------------------------------------------------- comparisons
-def compare(ours: Sequence[float], baseline: Sequence[float]) -> str:
-    """``better``, ``worse`` or ``tie`` (errors: lower is better); ``tie`` with one seed.
-
-    Better / worse: the means differ by more than two standard errors of the difference.
-    """
-    if len(ours) < 2 or len(baseline) < 2:
-        return "tie"
-    diff = statistics.fmean(baseline) - statistics.fmean(ours)
-    se = math.sqrt(statistics.variance(ours) / len(ours) + statistics.variance(baseline) / len(baseline))
-    if abs(diff) <= 2 * se or diff == 0:
-        return "tie"
-    return "better" if diff > 0 else "worse"
-
-
-def verdict(outcomes: Sequence[str], reduced: bool) -> Verdict:
-    """The row's verdict from its per-rule (and per-alpha) outcomes (module docstring)."""
-    if reduced or all(o == "tie" for o in outcomes):
-        return "inconclusive"
-    if all(o == "better" for o in outcomes):
-        return "reproduced"
-    return "partly" if "better" in outcomes else "not reproduced"
-
-
-def _by_outcome(outcomes: dict[str, str]) -> str:
-    """``"holds for: ...; opposite for: ...; within the seed spread: ..."``."""
-    parts = []
-    texts = {"better": "holds for", "worse": "opposite for", "tie": "within the seed spread"}
-    for outcome, text in texts.items():
-        names = [name for name, o in outcomes.items() if o == outcome]
-        if names:
-            parts.append(f"{text}: {', '.join(names)}")
-    return "; ".join(parts)
 
 
 def _errors(frame: pd.DataFrame, variant: str, rule: str) -> list[float]:
@@ -165,10 +131,10 @@ def network_rows(frame: pd.DataFrame, best: dict[str, str], family: str, budget:
         ours_outcomes = {LABELS[r]: compare(ours[r], base[r]) for r in RULES}
         base_text = (f"{baseline}: {_rules_text(base)}" if baseline == REPLICATED
                      else f"{baseline} (every rule is the one network): {mean_std(base['mean_weights'])}")
-        note = (f"Reference (exact routing, sigma per rule on validation) {_by_outcome(outcomes)}. Ours"
-                f" (block-message) {_by_outcome(ours_outcomes)}. Routing itself, reference vs the same M"
+        note = (f"Reference (exact routing, sigma per rule on validation) {by_outcome(outcomes)}. Ours"
+                f" (block-message) {by_outcome(ours_outcomes)}. Routing itself, reference vs the same M"
                 f" copies without it (independent, diagonal Q: {_rules_text(control)}):"
-                f" {_by_outcome(control_outcomes)}. 'Better' = lower by > 2 SE (Welch); test error at each"
+                f" {by_outcome(control_outcomes)}. 'Better' = lower by > 2 SE (Welch); test error at each"
                 " rule's best checkpoint by its validation accuracy.")
         rows.append(ClaimRow(
             method="M-cover", claim=f"M-cover routing with a Gaussian ring kernel {claim}.",
@@ -209,7 +175,7 @@ def perceptron_rows(rows: Sequence[dict[str, Any]], budget: Budget, reduced: boo
             ours="the reference (BinaryPerceptronSA's defaults are the same annealer)",
             baseline=f"{method} SA: gen. error {text(method)}", seeds=seeds, command=command,
             verdict=verdict(list(outcomes.values()), reduced),
-            note=f"M-cover {_by_outcome(outcomes)}. Errors arccos(R)/pi from the teacher; best copy chosen on"
+            note=f"M-cover {by_outcome(outcomes)}. Errors arccos(R)/pi from the teacher; best copy chosen on"
                  " fresh validation patterns; copy average = majority vote."))
     return claims
 

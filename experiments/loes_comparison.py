@@ -5,11 +5,15 @@ on Rotten Tomatoes, frozen cached features) with overrides, run as ``ripieno fit
 (checkpoint on validation NLL, best checkpoint tested) for each seed. Selection sees only
 the calibration rows of the training split; the test split is used once, by the test.
 
-``--mode selection`` (default): for each budget K: LOES, last-K concatenation, greedy ridge
-(no geometry terms), exhaustive search (ridge LOO over every subset of size K); plus the
-best single layer and the ELMo-style learned scalar mix of all layers.
-``--mode georeg``: the GeoReg recipe with ``weight`` 0 (measurement only) and the given
-weights; reports test accuracy and the test isotropy of the fused embedding.
+``--mode selection`` (default): for each budget K: LOES (the recipe's, ``variant: ripieno``),
+LOES ``variant: reference`` with the reference code's defaults (:data:`REFERENCE_LOES`),
+last-K concatenation, greedy ridge (no geometry terms), exhaustive search (ridge LOO over
+every subset of size K); plus the best single layer and the ELMo-style learned scalar mix
+of all layers.
+``--mode georeg``: the GeoReg recipe with ``weight`` 0 (measurement only) and, for each
+given weight, each of ``--georeg_forms``: ``ripieno`` (our GeoReg), ``spectral_only`` (ours
+with ``volume_weight=0``), ``reference`` (``GeoReg(variant="reference")``); reports test
+accuracy and the test isotropy of the fused embedding.
 ``--mode loes_weights``: LOES at each K with its geometry weights ``(alpha, gamma, eta)``
 scaled by each of ``--scales`` (``scale=0`` is greedy ridge); the summary marks, per K,
 the scale with the best mean validation NLL (never the test split).
@@ -35,6 +39,13 @@ import pandas as pd
 from experiments.recipe_table import markdown_table, run_recipe
 from experiments.runs import normalize_overrides, quiet_lightning, resolve_recipe, results_dir
 
+#: Overrides that turn a recipe's LOES into the public LOES code with that code's defaults.
+REFERENCE_LOES: tuple[str, ...] = (
+    "--data.init_args.selection=loes", "--data.init_args.variant=reference", "--data.init_args.alpha=1.0",
+    "--data.init_args.gamma=0.5", "--data.init_args.eta=0.1", "--data.init_args.ridge_lambda=0.001",
+    "--data.init_args.ridge_loss=null")
+#: GeoReg forms of ``--mode georeg``.
+GEOREG_FORMS: tuple[str, ...] = ("ripieno", "spectral_only", "reference")
 #: Default recipe (a shipped name) per ``--mode``.
 DEFAULT_RECIPES = {"selection": "loes/text_minilm_loes", "georeg": "loes/text_minilm_georeg",
                    "loes_weights": "loes/text_minilm_loes"}
@@ -51,20 +62,30 @@ def selection_variants(ks: Sequence[int]) -> dict[str, list[str]]:
         for name, selection in (("LOES", "loes"), ("last-k concat", "last_k"),
                                 ("greedy ridge", "greedy_ridge"), ("exhaustive", "exhaustive")):
             out[f"{name} K={k}"] = [f"--data.init_args.selection={selection}", f"--data.init_args.k={k}"]
+            if selection == "loes":
+                out[f"LOES reference K={k}"] = [*REFERENCE_LOES, f"--data.init_args.k={k}"]
     return out
 
 
-def georeg_variants(weights: Sequence[float]) -> dict[str, list[str]]:
+def georeg_variants(weights: Sequence[float],
+                    forms: Sequence[str] = ("ripieno", "spectral_only")) -> dict[str, list[str]]:
     """``label -> overrides`` of the GeoReg comparison (weight 0 only measures).
 
-    Each weight runs twice: the full GeoReg term and its spectral part alone
-    (``volume_weight=0``).
+    Each weight runs once per form: ``ripieno`` (the full GeoReg term), ``spectral_only``
+    (its spectral part alone, ``volume_weight=0``), ``reference`` (the public GeoReg loss).
     """
+    if unknown := sorted(set(forms) - set(GEOREG_FORMS)):
+        raise ValueError(f"Unknown GeoReg forms {unknown}; choose from {GEOREG_FORMS}.")
     out = {"no GeoReg (weight 0, measured)": ["--trainer.callbacks.init_args.weight=0.0"]}
     for w in weights:
-        out[f"GeoReg weight={w:g}"] = [f"--trainer.callbacks.init_args.weight={w}"]
-        out[f"GeoReg spectral only weight={w:g}"] = [f"--trainer.callbacks.init_args.weight={w}",
-                                                     "--trainer.callbacks.init_args.volume_weight=0.0"]
+        callback = "--trainer.callbacks.init_args."
+        weight = f"{callback}weight={w}"
+        if "ripieno" in forms:
+            out[f"GeoReg weight={w:g}"] = [weight]
+        if "spectral_only" in forms:
+            out[f"GeoReg spectral only weight={w:g}"] = [weight, f"{callback}volume_weight=0.0"]
+        if "reference" in forms:
+            out[f"GeoReg reference weight={w:g}"] = [weight, f"{callback}variant=reference"]
     return out
 
 
@@ -125,6 +146,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         + ", ".join(f"{name} ({mode})" for mode, name in DEFAULT_RECIPES.items()))
     parser.add_argument("--ks", type=int, nargs="+", default=[1, 2, 3, 4])
     parser.add_argument("--weights", type=float, nargs="+", default=[0.1, 1.0])
+    parser.add_argument("--georeg_forms", nargs="+", choices=GEOREG_FORMS,
+                        default=["ripieno", "spectral_only"],
+                        help="GeoReg forms of --mode georeg, each run at every weight")
     parser.add_argument("--scales", type=float, nargs="+", default=[0.0, 0.01, 0.03, 0.1, 1.0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--out", type=Path, default=results_dir("loes_minilm_rotten_tomatoes"))
@@ -136,18 +160,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> pd.DataFrame:
     """Run the variants for every seed; write ``<mode>_runs.csv`` and ``<mode>_summary.md``.
 
     Args:
         argv: command-line arguments (``None``: ``sys.argv[1:]``).
+
+    Returns:
+        The runs (one row per variant and seed), as written to ``<mode>_runs.csv``.
     """
     args = parse_args(argv)
     recipe = args.recipe
     if args.mode == "selection":
         variants = selection_variants(args.ks)
     elif args.mode == "georeg":
-        variants = georeg_variants(args.weights)
+        variants = georeg_variants(args.weights, args.georeg_forms)
     else:
         variants = loes_weight_variants(args.ks, args.scales)
     out: Path = args.out
@@ -170,6 +197,7 @@ def main(argv: list[str] | None = None) -> None:
         f"Recipe `{recipe}`, mode `{args.mode}`, seeds {args.seeds}, overrides {extra}.\n\n"
         + markdown_table(table) + "\n")
     print(markdown_table(table))
+    return frame
 
 
 if __name__ == "__main__":

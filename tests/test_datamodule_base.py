@@ -114,9 +114,10 @@ def test_source_keys_beside_init_args_are_init_args() -> None:
     source = instantiate_source({"class_path": "TeacherStudentDataModule", "init_args": {"n_inputs": 4},
                                  "n_val": 50})
     assert source.hparams.n_inputs == 4 and source.hparams.n_val == 50
-    with pytest.raises(DataModuleError, match="both beside and inside init_args"):
-        instantiate_source({"class_path": "TeacherStudentDataModule", "init_args": {"n_inputs": 4},
-                            "n_inputs": 3})
+    # ... and overrides a value the recipe set: --data.init_args.source.init_args.n_inputs=3.
+    source = instantiate_source({"class_path": "TeacherStudentDataModule", "init_args": {"n_inputs": 4},
+                                 "n_inputs": 3})
+    assert source.hparams.n_inputs == 3
 
 
 # ------------------------------------------------------------------------ splits
