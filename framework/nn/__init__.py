@@ -6,15 +6,17 @@ from ripieno.framework.nn.embeddings import (
     PiecewiseLinearEncoding,
     compute_bins,
 )
-from ripieno.framework.nn.ensemble_linear import ADAPTERS, EnsembleLinear
+from ripieno.framework.nn.ensemble_linear import ADAPTER_INITS, ADAPTERS, EnsembleLinear, check_adapter_init
 from ripieno.framework.nn.tabular_backbone import TabularEnsembleNet
 
 __all__ = [
     "ADAPTERS",
+    "ADAPTER_INITS",
     "EnsembleLinear",
     "OneHotEncoding",
     "PiecewiseLinearEmbeddings",
     "PiecewiseLinearEncoding",
     "TabularEnsembleNet",
+    "check_adapter_init",
     "compute_bins",
 ]
