@@ -42,8 +42,8 @@ bench: $(STAMP)  ## Speed/memory tables with ratios measured side by side.
 	$(BIN)/python bench/loes_selection.py
 
 sweep: $(STAMP)  ## (rank, sigma_init) diversity grid and LoMETab-vs-additive diversity curves.
-	$(BIN)/python -m experiments.diversity_sweep --recipe tabular/lometab_churn --out docs/results/diversity_sweep
-	$(BIN)/python -m experiments.diversity_over_training --recipe tabular/lometab_churn --out docs/results/diversity_over_training
+	$(BIN)/python -m experiments.diversity_sweep --recipe tabular/lometab_churn --adapter_inits plain rank_normalized --out docs/results/diversity_sweep
+	$(BIN)/python -m experiments.diversity_over_training --recipe tabular/lometab_churn --adapter_inits plain rank_normalized --compare additive:plain additive:relative --out docs/results/diversity_over_training
 
 claims: $(STAMP)  ## The side-by-side reproduction report, docs/results/claims/claims.md (full settings).
 	$(BIN)/python -m experiments.claims
