@@ -8,14 +8,13 @@ model), so errors come before any training.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
 import torch
-from lightning.pytorch.utilities import rank_zero_warn
-from sklearn.preprocessing import QuantileTransformer, StandardScaler
 from torch import Tensor
+from torch.utils.data import DataLoader
 
 # EpochSeededRandomSampler and collate_batch landed here first: re-exported for existing imports.
 from ripieno.datamodules.base import (  # noqa: F401
@@ -28,41 +27,60 @@ from ripieno.datamodules.base import (  # noqa: F401
 from ripieno.datamodules.splits import check_split_args, split_rows
 from ripieno.datamodules.tabular_sources import SOURCES
 from ripieno.framework.nn.embeddings import compute_bins
+from ripieno.framework.tabular_preprocessing import TabularPreprocessingError, TabularPreprocessor
 from ripieno.framework.tabular_spec import TabularSpec
 
 
 class TabularDataError(DataModuleError):
-    """Raised for input data that a tabular model cannot train on."""
+    """Raised for input data that a tabular model cannot train on or predict."""
 
 
 class TabularTensorDataset(BatchDataset):
-    """Rows as dicts ``{"x_num", "x_cat", "y"}``, fetched a whole batch at a time."""
+    """Rows as dicts ``{"x_num", "x_cat", "y"}`` (no ``y`` for unlabelled prediction rows)."""
 
-    def __init__(self, x_num: Tensor, x_cat: Tensor, y: Tensor) -> None:
+    def __init__(self, x_num: Tensor, x_cat: Tensor, y: Tensor | None = None) -> None:
         self.x_num, self.x_cat, self.y = x_num, x_cat, y
 
     def __len__(self) -> int:
-        return len(self.y)
+        return len(self.x_num)
 
     def __getitems__(self, indices: list[int]) -> dict[str, Tensor]:
         idx = torch.as_tensor(indices)
-        return {"x_num": self.x_num[idx], "x_cat": self.x_cat[idx], "y": self.y[idx]}
+        batch = {"x_num": self.x_num[idx], "x_cat": self.x_cat[idx]}
+        if self.y is not None:
+            batch["y"] = self.y[idx]
+        return batch
 
 
 class TabularDataModule(SplitDataModule):
-    """Train/val/test splits of one table for tabular ensembles.
+    """Train/val/test splits of one table for tabular ensembles, and new rows to predict.
 
     Sources: a shipped data set by name (``ripieno.datamodules.tabular_sources.SOURCES``:
     diamonds, mlc_churn, boston, concrete, caravan, default, breast_cancer, wine, iris,
-    digits, diabetes) or a user CSV/Parquet file with ``target`` and ``categorical``.
+    digits, diabetes, hpc_data, penguins) or a user CSV/Parquet file with ``target`` and
+    ``categorical``.
 
-    Preprocessing, fit on the training split only: numeric columns by a quantile
-    transform to a normal (TabM's choice; fit with 1e-5-std noise to break ties),
-    standard scaling or nothing; bins for piecewise-linear embeddings on the transformed
-    training features; categorical columns coded by their training categories, with one
-    extra "unknown" code per column for categories first seen in val/test (counted in a
-    warning, never dropped); regression targets optionally log-transformed (the module
+    Feature preprocessing (``TabularPreprocessor``: scikit-learn's ``SimpleImputer``,
+    ``QuantileTransformer``/``StandardScaler`` and ``OrdinalEncoder``, fitted on the training
+    split only) is stored in the spec, and with it in every checkpoint, so a checkpoint alone
+    predicts new rows: numeric columns by a quantile transform to a normal (TabM's choice),
+    standard scaling or nothing; missing values an error or imputed with indicators
+    (``missing``); constant columns dropped with a warning; categories coded by their
+    training categories with one "unknown" code per column for categories first seen later
+    (counted in a warning, never dropped); bins for piecewise-linear embeddings on the
+    transformed training features; regression targets optionally log-transformed (the module
     standardises them with the spec's mean and std).
+
+    Prediction: ``predict_path`` names a CSV/Parquet file of new rows (the target column
+    optional, extra columns ignored with a note, missing ones an error naming them); its rows
+    are predicted in file order and written with ``id_column`` (or the row number) by
+    ``MemberPredictionWriter``. Without ``predict_path``, ``predict`` serves the test split
+    (ids: the rows' numbers in the source table). ``preprocessing_from`` takes the spec and
+    preprocessing from a checkpoint instead of fitting them, so nothing reads the training
+    table; ``ripieno predict --ckpt_path ... --data.init_args.predict_path ...`` sets it.
+
+    Task inference (``task: auto``): a text or boolean target is classification (binary for
+    two labels); a numeric target is regression.
 
     Args:
         dataset: name of a shipped data set (ignored when ``path`` is given).
@@ -70,14 +88,20 @@ class TabularDataModule(SplitDataModule):
         target: target column (defaults to the shipped data set's).
         categorical: categorical columns (defaults to the shipped data set's).
         drop: columns to ignore (e.g. row ids).
-        task: ``auto`` (text/bool target -> classification, numeric -> regression),
-            ``regression``, ``binary`` or ``multiclass``.
+        task: ``auto``, ``regression``, ``binary`` or ``multiclass``.
         target_transform: ``none`` or ``log`` for regression; ``None`` takes the
             shipped data set's default.
         numeric_transform: ``quantile_normal``, ``standard`` or ``none``.
         numeric_embedding: ``ple`` (compute bins for piecewise-linear embeddings) or ``none``.
         bins: ``quantile`` or ``tree`` bins.
         n_bins: maximum bins per feature.
+        missing: ``error`` (a missing feature value stops with the column's name) or
+            ``impute`` (training median / most frequent category plus a ``<col>__missing``
+            indicator for every column with missing training values).
+        id_column: a column that identifies rows: not a feature, kept in prediction outputs.
+        predict_path: a ``.csv`` or ``.parquet`` file of rows to predict.
+        preprocessing_from: a checkpoint whose spec and fitted preprocessing to use (predict
+            only; the training table is not read).
         val_size: fraction of rows for validation.
         test_size: fraction of rows for test.
         split_seed: seed of the split and of the preprocessing noise.
@@ -100,6 +124,10 @@ class TabularDataModule(SplitDataModule):
         numeric_embedding: Literal["ple", "none"] = "ple",
         bins: Literal["quantile", "tree"] = "quantile",
         n_bins: int = 48,
+        missing: Literal["error", "impute"] = "error",
+        id_column: str | None = None,
+        predict_path: str | None = None,
+        preprocessing_from: str | None = None,
         val_size: float = 0.2,
         test_size: float = 0.2,
         split_seed: int = 0,
@@ -110,6 +138,7 @@ class TabularDataModule(SplitDataModule):
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
+        self._prediction_ids: tuple[str, list[Any]] | None = None
 
     @property
     def spec(self) -> TabularSpec:
@@ -119,17 +148,7 @@ class TabularDataModule(SplitDataModule):
     def _load_frame(self) -> tuple[pd.DataFrame, str, list[str], list[str], str, str]:
         hp = self.hparams
         if hp.path is not None:
-            path = Path(hp.path).expanduser()
-            if not path.is_file():
-                raise TabularDataError(f"Data file {str(path)!r} does not exist; check data.path.")
-            if path.suffix.lower() == ".csv":
-                frame = pd.read_csv(path)
-            elif path.suffix.lower() in (".parquet", ".pq"):
-                frame = pd.read_parquet(path)
-            else:
-                raise TabularDataError(
-                    f"Unsupported file type {path.suffix!r} for {str(path)!r}; use .csv or .parquet."
-                )
+            frame = read_table(hp.path, "data.path")
             if hp.target is None:
                 raise TabularDataError("data.target is required with data.path: name the target column.")
             return (frame, hp.target, list(hp.categorical or []), list(hp.drop or []),
@@ -152,18 +171,39 @@ class TabularDataModule(SplitDataModule):
         if hp.val_size + hp.test_size >= 1.0:
             raise TabularDataError(f"val_size + test_size = {hp.val_size + hp.test_size} leaves no training"
                                    " rows.")
+        if hp.missing not in ("error", "impute"):
+            raise TabularDataError(f"missing must be 'error' or 'impute', got {hp.missing!r}.")
+        if hp.numeric_embedding not in ("ple", "none"):
+            raise TabularDataError(
+                f"numeric_embedding must be 'ple' or 'none', got {hp.numeric_embedding!r}."
+            )
+        if hp.preprocessing_from is not None and hp.predict_path is None:
+            raise TabularDataError(
+                "data.preprocessing_from serves predict_path only: give data.predict_path, or drop"
+                " preprocessing_from to fit the preprocessing on the training table."
+            )
 
     def _prepare(self) -> None:
-        hp = self.hparams
         self._check_args()
+        if self.hparams.preprocessing_from is not None:
+            self._spec = spec_from_checkpoint(self.hparams.preprocessing_from)
+        else:
+            self._prepare_splits()
+        if self.hparams.predict_path is not None:
+            self._prepare_predict_rows()
+
+    def _prepare_splits(self) -> None:
+        hp = self.hparams
         frame, target, categorical, drop, task, target_transform = self._load_frame()
-        _check_columns(frame, target, categorical, drop)
+        _check_columns(frame, target, categorical, [*drop, *([hp.id_column] if hp.id_column else [])])
+        if hp.id_column is not None and hp.id_column == target:
+            raise TabularDataError(f"id_column {hp.id_column!r} is the target; name another column.")
         if hp.max_rows is not None and hp.max_rows < len(frame):
             frame = frame.sample(n=hp.max_rows, random_state=hp.split_seed)
+        row_ids = (frame[hp.id_column] if hp.id_column else pd.Series(frame.index)).tolist()
         frame = frame.reset_index(drop=True)
-        numeric = [c for c in frame.columns if c not in {target, *categorical, *drop}]
-        x_num = _numeric_matrix(frame, numeric)
-        x_cat_raw = _categorical_frame(frame, categorical)
+        excluded = {target, *categorical, *drop, *([hp.id_column] if hp.id_column else [])}
+        numeric = [c for c in frame.columns if c not in excluded]
         y_raw = frame[target]
         task = _resolve_task(task, y_raw)
         y, class_names = _encode_target(y_raw, target, task, target_transform)
@@ -174,32 +214,35 @@ class TabularDataModule(SplitDataModule):
         if task != "regression":
             _check_labels_seen(y, train_idx, {"val": val_idx, "test": test_idx}, class_names)
 
-        x_num = _fit_numeric_transform(x_num, train_idx, hp.numeric_transform, hp.split_seed)
+        preprocessor = TabularPreprocessor(numeric, categorical, hp.numeric_transform, hp.missing,
+                                           seed=hp.split_seed)
+        try:
+            preprocessor.fit(frame.iloc[train_idx])
+            x_num, codes = preprocessor.transform(frame, what="table")
+        except TabularPreprocessingError as err:
+            raise TabularDataError(str(err)) from err
+        kept = preprocessor.num_feature_names
         bins = None
-        if hp.numeric_embedding == "ple" and numeric:
+        if hp.numeric_embedding == "ple" and kept:
             n_bins = min(hp.n_bins, len(train_idx) - 1)
             try:
                 edges = compute_bins(x_num[train_idx], n_bins, hp.bins, y=y[train_idx],
-                                     regression=task == "regression", feature_names=numeric)
+                                     regression=task == "regression", feature_names=kept)
             except ValueError as err:
                 raise TabularDataError(str(err)) from err
             bins = [e.tolist() for e in edges]
-        elif hp.numeric_embedding not in ("ple", "none"):
-            raise TabularDataError(
-                f"numeric_embedding must be 'ple' or 'none', got {hp.numeric_embedding!r}."
-            )
-        codes, cardinalities = _encode_categories(x_cat_raw, train_idx)
 
         mean = float(y[train_idx].mean()) if task == "regression" else 0.0
         std = float(y[train_idx].std()) if task == "regression" else 1.0
         if task == "regression" and not std > 0:
             raise TabularDataError(f"Target {target!r} is constant on the training split.")
         self._spec = TabularSpec(
-            task=task, n_num_features=len(numeric), cat_cardinalities=cardinalities,
+            task=task, n_num_features=len(kept), cat_cardinalities=preprocessor.cat_cardinalities,
             n_classes=len(class_names) if task != "regression" else None, bins=bins,
             target_mean=mean, target_std=std, target_transform=target_transform,
-            num_feature_names=numeric, cat_feature_names=list(categorical),
-            class_names=class_names,
+            num_feature_names=kept, cat_feature_names=preprocessor.cat_feature_names,
+            class_names=class_names, target_name=target, id_column=hp.id_column,
+            preprocessing=preprocessor.state_dict(),
         )
         y_tensor = torch.tensor(y, dtype=torch.float32 if task == "regression" else torch.long)
         x_num_t = torch.as_tensor(x_num, dtype=torch.float32)
@@ -207,6 +250,73 @@ class TabularDataModule(SplitDataModule):
         for name, rows in (("train", train_idx), ("val", val_idx), ("test", test_idx)):
             rows_t = torch.as_tensor(rows)
             self._splits[name] = TabularTensorDataset(x_num_t[rows_t], x_cat_t[rows_t], y_tensor[rows_t])
+        self._prediction_ids = (hp.id_column or "row", [row_ids[i] for i in test_idx])
+
+    def _prepare_predict_rows(self) -> None:
+        path = self.hparams.predict_path
+        spec = self._spec
+        if spec.preprocessing is None:
+            raise TabularDataError("The spec has no fitted preprocessing, so new rows cannot be read;"
+                                   " prepare the data with TabularDataModule (or retrain).")
+        frame = read_table(path, "data.predict_path")
+        preprocessor = TabularPreprocessor.from_state(spec.preprocessing)
+        what = f"rows of {path}"
+        expected = [c for c in (spec.target_name, spec.id_column, *(self.hparams.drop or [])) if c]
+        preprocessor.note_extra_columns(frame, expected=expected, what=what)
+        try:
+            x_num, codes = preprocessor.transform(frame, what=what)
+        except TabularPreprocessingError as err:
+            raise TabularDataError(str(err)) from err
+        self._splits["predict"] = TabularTensorDataset(torch.as_tensor(x_num), torch.as_tensor(codes))
+        id_name = spec.id_column if spec.id_column in frame.columns else "row"
+        ids = frame[id_name].tolist() if id_name != "row" else list(range(len(frame)))
+        self._prediction_ids = (id_name, ids)
+
+    def predict_dataloader(self) -> DataLoader:
+        """The rows of ``predict_path`` in file order, else the test split."""
+        name = "predict" if self.hparams.predict_path is not None else "test"
+        return self._loader(self._split(name), self.hparams.eval_batch_size)
+
+    def prediction_ids(self, indices: list[int]) -> tuple[str, list[Any]]:
+        """The id column's name and the ids of predicted rows ``indices`` (dataset order)."""
+        self.setup("predict")
+        name, ids = self._prediction_ids  # type: ignore[misc]
+        return name, [ids[i] for i in indices]
+
+    def _split(self, name: str) -> Any:  # noqa: ANN401
+        self.setup()
+        if name not in self._splits:
+            raise TabularDataError(
+                f"No {name} split: data.preprocessing_from builds only the rows of predict_path;"
+                " drop preprocessing_from to train, validate or test."
+            )
+        return self._splits[name]
+
+
+def read_table(path: str, arg: str) -> pd.DataFrame:
+    """A CSV or Parquet file as a DataFrame, with errors that name the file and the fix."""
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise TabularDataError(f"Data file {str(file)!r} does not exist; check {arg}.")
+    suffix = file.suffix.lower()
+    if suffix == ".csv":
+        return pd.read_csv(file)
+    if suffix in (".parquet", ".pq"):
+        return pd.read_parquet(file)
+    raise TabularDataError(f"Unsupported file type {file.suffix!r} for {str(file)!r}; use .csv or .parquet.")
+
+
+def spec_from_checkpoint(path: str) -> TabularSpec:
+    """The ``TabularSpec`` a checkpoint's model was trained with (``weights_only=True``)."""
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise TabularDataError(f"Checkpoint {str(file)!r} does not exist; check data.preprocessing_from.")
+    checkpoint = torch.load(file, map_location="cpu", weights_only=True)
+    spec = checkpoint.get("hyper_parameters", {}).get("data_spec")
+    if spec is None:
+        raise TabularDataError(f"Checkpoint {str(file)!r} has no data_spec hyperparameter: it was not"
+                               " saved by a tabular ripieno model.")
+    return TabularSpec.coerce(spec)
 
 
 # ------------------------------------------------------------------------- validation
@@ -222,42 +332,6 @@ def _check_columns(frame: pd.DataFrame, target: str, categorical: list[str], dro
         raise TabularDataError(f"Target {target!r} is also listed in categorical/drop; remove it there.")
     if len(frame) == 0:
         raise TabularDataError("The table has no rows.")
-
-
-def _numeric_matrix(frame: pd.DataFrame, columns: list[str]) -> np.ndarray:
-    out = np.empty((len(frame), len(columns)), dtype=np.float64)
-    for j, name in enumerate(columns):
-        col = frame[name]
-        if col.dtype == bool:
-            col = col.astype(np.float64)
-        values = pd.to_numeric(col, errors="coerce")
-        bad = values.isna() & col.notna()
-        if bad.any():
-            row = int(np.flatnonzero(bad.to_numpy())[0])
-            raise TabularDataError(
-                f"Numeric column {name!r} has non-numeric values such as {col.iloc[row]!r} (row"
-                f" {row}); list it in data.categorical or clean it."
-            )
-        arr = values.to_numpy(dtype=np.float64)
-        n_bad = int((~np.isfinite(arr)).sum())
-        if n_bad:
-            raise TabularDataError(
-                f"Numeric column {name!r} has {n_bad} NaN/inf value(s); impute or drop those rows"
-                " before training."
-            )
-        out[:, j] = arr
-    return out
-
-
-def _categorical_frame(frame: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
-    for name in columns:
-        n_missing = int(frame[name].isna().sum())
-        if n_missing:
-            raise TabularDataError(
-                f"Categorical column {name!r} has {n_missing} missing value(s); fill them with an"
-                " explicit category (e.g. 'missing') before training."
-            )
-    return frame[columns].astype(str)
 
 
 def _resolve_task(task: str, y: pd.Series) -> str:
@@ -350,38 +424,3 @@ def _check_labels_seen(y: np.ndarray, train: np.ndarray, others: dict[str, np.nd
                 f"Label(s) {names} occur in the {split} split but not in training, so the model"
                 " cannot predict them; drop those rows or change split_seed."
             )
-
-
-def _fit_numeric_transform(x: np.ndarray, train: np.ndarray, kind: str, seed: int) -> np.ndarray:
-    if x.shape[1] == 0 or kind == "none":
-        return x
-    if kind == "standard":
-        return StandardScaler().fit(x[train]).transform(x)
-    if kind != "quantile_normal":
-        raise TabularDataError(f"numeric_transform must be quantile_normal, standard or none, got {kind!r}.")
-    rng = np.random.default_rng(seed)
-    fit_x = x[train] + rng.normal(0.0, 1e-5, x[train].shape) * x[train].std(0, keepdims=True)
-    n_quantiles = max(min(len(train) // 30, 1000), 10)
-    qt = QuantileTransformer(n_quantiles=n_quantiles, output_distribution="normal",
-                             subsample=10**9, random_state=seed).fit(fit_x)
-    return qt.transform(x)
-
-
-def _encode_categories(frame: pd.DataFrame, train: np.ndarray) -> tuple[np.ndarray, list[int]]:
-    codes = np.zeros((len(frame), frame.shape[1]), dtype=np.int64)
-    cardinalities = []
-    for j, name in enumerate(frame.columns):
-        categories = sorted(frame[name].iloc[train].unique())
-        lookup = {category: code for code, category in enumerate(categories)}
-        mapped = frame[name].map(lookup)
-        unknown = mapped.isna().to_numpy()
-        col = mapped.fillna(-1).to_numpy(dtype=np.int64, copy=True)
-        if unknown.any():
-            rank_zero_warn(
-                f"Categorical column {name!r}: {int(unknown.sum())} val/test row(s) have categories"
-                " unseen in training; they use the column's 'unknown' code."
-            )
-        col[unknown] = len(categories)
-        codes[:, j] = col
-        cardinalities.append(len(categories) + 1)
-    return codes, cardinalities

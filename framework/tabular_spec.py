@@ -37,6 +37,11 @@ class TabularSpec:
         num_feature_names: numeric column names.
         cat_feature_names: categorical column names.
         class_names: class labels in code order (classification).
+        target_name: the target column of the training table.
+        id_column: the column that identifies rows in prediction outputs (``None``: row number).
+        preprocessing: the fitted feature preprocessing
+            (``ripieno.framework.tabular_preprocessing.TabularPreprocessor.state_dict``), so the
+            model alone turns new rows into inputs; ``None`` for a spec built by hand.
     """
 
     task: Task
@@ -50,6 +55,9 @@ class TabularSpec:
     num_feature_names: list[str] = field(default_factory=list)
     cat_feature_names: list[str] = field(default_factory=list)
     class_names: list[str] = field(default_factory=list)
+    target_name: str | None = None
+    id_column: str | None = None
+    preprocessing: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         """Check the invariants a model relies on."""
