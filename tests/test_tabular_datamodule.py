@@ -118,7 +118,8 @@ def _write(tmp_path, frame, name="bad.csv"):
 def test_error_nan_in_numeric_column(tmp_path):
     frame = make_table()
     frame.loc[5, "x2"] = np.nan
-    with pytest.raises(TabularDataError, match=r"Missing values in the (training rows|table): \{'x2': 1\}.*missing: impute"):
+    expected = r"Missing values in the (training rows|table): \{'x2': 1\}.*missing: impute"
+    with pytest.raises(TabularDataError, match=expected):
         _ = _dm(_write(tmp_path, frame)).spec
 
 
@@ -192,7 +193,8 @@ def test_error_log_transform_of_nonpositive_target(table_csv):
 def test_error_missing_categorical_value(tmp_path):
     frame = make_table()
     frame.loc[2, "colour"] = None
-    with pytest.raises(TabularDataError, match=r"Missing values in the (training rows|table): \{'colour': 1\}"):
+    expected = r"Missing values in the (training rows|table): \{'colour': 1\}"
+    with pytest.raises(TabularDataError, match=expected):
         _ = _dm(_write(tmp_path, frame)).spec
 
 
