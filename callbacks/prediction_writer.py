@@ -21,13 +21,17 @@ class MemberPredictionWriter(BasePredictionWriter):
     """Save predictions at the end of ``predict`` as ``.pt`` (all keys) and ``.csv``.
 
     ``predictions.pt`` holds every key of the step outputs concatenated over batches
-    (member axis kept); ``predictions.csv`` holds the ensemble ``prediction`` (one column
-    per class for probabilities). Under DDP each rank writes ``predictions_rank{r}.*``
+    (member axis kept). ``predictions.csv`` is, for modules with ``prediction_frame`` (the
+    tabular ones), one row per predicted row in data order: the datamodule's id column
+    (``prediction_ids``; else ``index``), class probabilities named by class, the label and
+    the member spread; for other modules, the ensemble ``prediction`` (one column per class
+    for probabilities) after the dataset ``index``. Under DDP each rank writes ``predictions_rank{r}.*``
     with the dataset indices it predicted, so nothing is lost or duplicated silently.
 
     Args:
         output_dir: folder for the files; default: the trainer's log dir (or root dir).
-        csv_key: key written to the CSV, or ``None`` to skip the CSV.
+        csv_key: key written to the CSV (the default ``prediction`` gives the named table
+            where the module has ``prediction_frame``), or ``None`` to skip the CSV.
     """
 
     def __init__(self, output_dir: str | None = None, csv_key: str | None = "prediction") -> None:
@@ -56,7 +60,8 @@ class MemberPredictionWriter(BasePredictionWriter):
         stem = "predictions" if trainer.world_size == 1 else f"predictions_rank{trainer.global_rank}"
         torch.save(merged, folder / f"{stem}.pt")
         self.written = [folder / f"{stem}.pt"]
-        if self.csv_key is not None and self.csv_key in merged:
+        frame = self._named_table(trainer, pl_module, merged)
+        if frame is None and self.csv_key is not None and self.csv_key in merged:
             values = merged[self.csv_key].float()
             values = values[:, None] if values.ndim == 1 else values.flatten(1)
             columns = [self.csv_key] if values.shape[1] == 1 else [
@@ -64,6 +69,24 @@ class MemberPredictionWriter(BasePredictionWriter):
             frame = pd.DataFrame(values.numpy(), columns=columns)
             if "index" in merged:
                 frame.insert(0, "index", merged["index"].numpy())
+        if frame is not None:
             frame.to_csv(folder / f"{stem}.csv", index=False)
             self.written.append(folder / f"{stem}.csv")
         print(f"ripieno: predictions written to {', '.join(map(str, self.written))}", flush=True)
+
+    def _named_table(self, trainer: L.Trainer, pl_module: L.LightningModule,
+                     merged: dict[str, torch.Tensor]) -> pd.DataFrame | None:
+        """The module's named table (``prediction_frame``) with the datamodule's row ids, if both exist."""
+        if self.csv_key != "prediction" or "member_predictions" not in merged:
+            return None
+        table_of = getattr(pl_module, "prediction_frame", None)
+        if table_of is None:
+            return None
+        table = table_of(merged["member_predictions"])
+        ids_of = getattr(trainer.datamodule, "prediction_ids", None) if trainer.datamodule else None
+        if "index" in merged:
+            indices = merged["index"].tolist()
+            name, ids = ids_of(indices) if ids_of is not None else ("index", indices)
+            table.insert(0, name, ids)
+            table = table.iloc[sorted(range(len(indices)), key=indices.__getitem__)].reset_index(drop=True)
+        return table

@@ -13,6 +13,8 @@ command. Extras over plain LightningCLI:
   the current folder);
 * with ``tensorboard`` installed, TensorBoard events are written beside the CSV logs
   (``--tensorboard false`` turns this off);
+* ``predict --ckpt_path best.ckpt --data.init_args.predict_path new.csv`` prepares the new
+  rows with the preprocessing stored in the checkpoint (``data.preprocessing_from``);
 * ``--test_after_fit true`` (the recipes' default) tests the best checkpoint after
   ``fit`` and prints the test metrics and where the logs, checkpoint and config went.
 """
@@ -58,8 +60,10 @@ class RipienoCLI(LightningCLI):
         )
 
     def before_instantiate_classes(self) -> None:
-        """Give a config without a logger a CSV logger inside ``trainer.default_root_dir``."""
+        """Default CSV logger; ``predict`` on new rows reads its preprocessing from the checkpoint."""
         config = self.config.get(self.subcommand, self.config) if self.subcommand else self.config
+        if self.subcommand == "predict":
+            _preprocessing_from_checkpoint(config)
         trainer = config.get("trainer")
         if trainer is None or trainer.get("logger") not in (None, True):
             return
@@ -107,6 +111,20 @@ class RipienoCLI(LightningCLI):
             config_path = Path(log_dir) / "config.yaml"
             lines.append(f"ripieno: config     {config_path if config_path.exists() else '(not saved)'}")
             print("\n".join(lines), flush=True)
+
+
+def _preprocessing_from_checkpoint(config: Namespace) -> None:
+    """``predict --ckpt_path C --data.init_args.predict_path F``: prepare F as C's model was trained.
+
+    Without this the datamodule would refit the preprocessing on the training file named in
+    the config, which may have changed (or be gone) since the checkpoint was made.
+    """
+    data = config.get("data")
+    init_args = data.get("init_args") if isinstance(data, Namespace) else None
+    if (not config.get("ckpt_path") or init_args is None or "preprocessing_from" not in init_args
+            or not init_args.get("predict_path") or init_args.get("preprocessing_from")):
+        return
+    init_args["preprocessing_from"] = str(config["ckpt_path"])
 
 
 def _spec_as_dict(spec: object) -> object:

@@ -35,8 +35,8 @@ def _encode(value: Any) -> Any:  # noqa: ANN401
             else value.ravel().tolist()
         return {ARRAY_KEY: value.dtype.str if value.dtype != object else "object",
                 "shape": list(value.shape), "data": data}
-    if isinstance(value, type) and issubclass(value, np.generic):
-        value = np.dtype(value)
+    if isinstance(value, type) and issubclass(value, np.generic):  # e.g. dtype=np.float64
+        return {DTYPE_KEY: np.dtype(value).str, "scalar_type": True}
     if isinstance(value, np.dtype):
         return {DTYPE_KEY: value.str if value.kind != "O" else "object"}
     if isinstance(value, np.generic):
@@ -58,7 +58,8 @@ def _decode(value: Any) -> Any:  # noqa: ANN401
         data = [np.nan if v is None else v for v in value["data"]] if dtype is object else value["data"]
         return np.array(data, dtype=dtype).reshape(value["shape"])
     if isinstance(value, dict) and DTYPE_KEY in value:
-        return np.dtype(object if value[DTYPE_KEY] == "object" else value[DTYPE_KEY])
+        dtype = np.dtype(object if value[DTYPE_KEY] == "object" else value[DTYPE_KEY])
+        return dtype.type if value.get("scalar_type") else dtype
     if isinstance(value, dict) and FLOAT_KEY in value:
         return float(value[FLOAT_KEY])
     if isinstance(value, dict) and PAIRS_KEY in value:

@@ -23,6 +23,7 @@ from ripieno.framework.members import (
     member_values,
 )
 from ripieno.framework.methods.member_module import MemberModule
+from ripieno.framework.methods.tabular_prediction import TabularPredictionMixin
 from ripieno.framework.nn.embeddings import PiecewiseLinearEmbeddings
 from ripieno.framework.nn.ensemble_linear import (
     DEFAULT_ADAPTER_INIT,
@@ -36,7 +37,7 @@ from ripieno.framework.nn.tabular_backbone import AdapterLayers, TabularEnsemble
 from ripieno.framework.tabular_spec import TabularSpec
 
 
-class TabularEnsembleModule(MemberModule):
+class TabularEnsembleModule(TabularPredictionMixin, MemberModule):
     """K-member tabular network with the ensemble conventions of ripieno.
 
     Logged metrics: ``{train,val,test}/loss`` (mean member loss on standardised targets

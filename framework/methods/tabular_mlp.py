@@ -18,11 +18,12 @@ from torch import Tensor, nn
 
 from ripieno.framework.members import member_output_kind_of_task
 from ripieno.framework.methods.member_module import MemberModule
+from ripieno.framework.methods.tabular_prediction import TabularPredictionMixin
 from ripieno.framework.nn.embeddings import OneHotEncoding
 from ripieno.framework.tabular_spec import TabularSpec
 
 
-class TabularMLP(MemberModule):
+class TabularMLP(TabularPredictionMixin, MemberModule):
     """MLP over numeric features and one-hot categoricals, one linear head.
 
     One member (``member_outputs (B, 1, d_out)``); logs the ``MemberModule`` metrics of the

@@ -1,0 +1,86 @@
+"""Predictions of tabular modules on a user's own rows, from the module (checkpoint) alone."""
+
+from __future__ import annotations
+
+import pandas as pd
+import torch
+from torch import Tensor
+
+from ripieno.framework.members import member_predictions
+from ripieno.framework.prediction_table import insert_ids, prediction_table
+from ripieno.framework.tabular_preprocessing import TabularPreprocessor
+from ripieno.framework.tabular_spec import TabularSpec
+
+ROW_ID = "row"
+"""Name of the id column when the table has no ``id_column``: the row's position."""
+
+
+class TabularPredictionMixin:
+    """``predict_frame`` and ``prediction_frame`` for modules with a ``TabularSpec`` in ``spec``.
+
+    The spec carries the fitted preprocessing (``spec.preprocessing``), so a module loaded
+    from a checkpoint turns raw rows into inputs exactly as its training data was prepared.
+    """
+
+    spec: TabularSpec
+
+    @property
+    def preprocessor(self) -> TabularPreprocessor:
+        """The fitted preprocessing of the training table (built once from the spec)."""
+        cached = self.__dict__.get("_tabular_preprocessor")
+        if cached is None:
+            if self.spec.preprocessing is None:
+                raise ValueError(
+                    "This model's data_spec has no fitted preprocessing (it was built by hand, or"
+                    " saved by an older ripieno), so it cannot read raw rows; train it with"
+                    " TabularDataModule, or pass model inputs to forward()."
+                )
+            cached = TabularPreprocessor.from_state(self.spec.preprocessing)
+            self.__dict__["_tabular_preprocessor"] = cached
+        return cached
+
+    def prediction_frame(self, members: Tensor) -> pd.DataFrame:
+        """Member predictions ``(B, K, C)`` or ``(B, K)`` as a named table (``prediction_table``)."""
+        regression = self.spec.task == "regression"
+        return prediction_table(members, None if regression else self.spec.class_names,
+                                self.to_original_units if regression else None)  # type: ignore[attr-defined]
+
+    @torch.no_grad()
+    def predict_frame(self, frame: pd.DataFrame, batch_size: int = 4096) -> pd.DataFrame:
+        """Predict raw rows: one output row per input row, in input order, index kept.
+
+        Columns are found by name (order does not matter; columns the model does not use are
+        ignored with a note; missing ones are an error naming them). The output starts with the
+        spec's ``id_column`` when the frame has it (else ``row``, the position), then the columns
+        of ``prediction_table``: ``proba_<class>``, ``prediction``, ``member_std`` and
+        ``disagreement`` (classification), or ``prediction`` in the target's original units and
+        ``member_std`` (regression).
+
+        Args:
+            frame: the rows, as read from the user's CSV/Parquet file.
+            batch_size: rows per forward pass.
+        """
+        if len(frame) == 0:
+            raise ValueError("predict_frame got an empty table; give at least one row.")
+        spec, pre = self.spec, self.preprocessor
+        pre.note_extra_columns(frame, expected=[c for c in (spec.target_name, spec.id_column) if c])
+        x_num, x_cat = pre.transform(frame)
+        device = next(self.parameters()).device  # type: ignore[attr-defined]
+        was_training = self.training  # type: ignore[attr-defined]
+        self.eval()  # type: ignore[attr-defined]
+        try:
+            parts = []
+            for start in range(0, len(frame), batch_size):
+                batch = {"x_num": torch.as_tensor(x_num[start:start + batch_size], device=device),
+                         "x_cat": torch.as_tensor(x_cat[start:start + batch_size], device=device)}
+                outputs = self.forward_members(batch)  # type: ignore[attr-defined]
+                parts.append(member_predictions(outputs, self.member_output_kind).cpu())  # type: ignore[attr-defined]
+        finally:
+            self.train(was_training)  # type: ignore[attr-defined]
+        table = self.prediction_frame(torch.cat(parts))
+        if spec.id_column is not None and spec.id_column in frame.columns:
+            insert_ids(table, spec.id_column, frame[spec.id_column].tolist())
+        else:
+            insert_ids(table, ROW_ID, range(len(frame)))
+        table.index = frame.index
+        return table
