@@ -9,8 +9,10 @@ callbacks work unchanged.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, Literal
 
+import lightning as L
 import torch.nn.functional as F
 import torchmetrics
 from torch import Tensor
@@ -23,6 +25,14 @@ from ripieno.framework.members import (
     member_values,
 )
 from ripieno.framework.methods.member_module import MemberModule
+from ripieno.framework.methods.member_selection import (
+    MemberSelection,
+    SelectionMethod,
+    SelectionMetric,
+    choose_members,
+    collect_member_predictions,
+    subset_members,
+)
 from ripieno.framework.methods.tabular_prediction import TabularPredictionMixin
 from ripieno.framework.nn.embeddings import PiecewiseLinearEmbeddings
 from ripieno.framework.nn.ensemble_linear import (
@@ -199,6 +209,69 @@ class TabularEnsembleModule(TabularPredictionMixin, MemberModule):
             metrics["rmse_original"].update(self.to_original_units(prediction),
                                             self.to_original_units(out["target"].float()))
         return n
+
+    # ------------------------------------------------------------- member selection
+    member_selection: MemberSelection | None = None
+    """How this module's members were chosen from a larger trained one (``select_members``)."""
+
+    def select_members(
+        self,
+        k: int,
+        metric: SelectionMetric = "loss",
+        method: SelectionMethod = "greedy",
+        datamodule: L.LightningDataModule | None = None,
+        dataloader: Iterable[dict[str, Tensor]] | None = None,
+    ) -> TabularEnsembleModule:
+        """A ``k``-member module made of this one's best members on validation rows.
+
+        ``greedy`` is Caruana-style forward selection with replacement (a member may be chosen
+        more than once; it then counts that many times), ``topk`` the ``k`` members with the
+        best own score (``ripieno.framework.methods.member_selection``). The returned module
+        predicts exactly the mean over the chosen members; ``member_selection`` on it records
+        the indices and the validation scores and is saved in its checkpoints.
+
+        Args:
+            k: members to keep.
+            metric: ``loss`` (NLL of the mean probability, or MSE of the mean prediction)
+                or ``error`` (classification error rate).
+            method: ``greedy`` or ``topk``.
+            datamodule: whose ``val_dataloader`` gives the validation rows (default: the
+                attached trainer's datamodule).
+            dataloader: the validation batches instead (dicts with ``x_num``, ``x_cat``, ``y``).
+
+        Example:
+            >>> import torch
+            >>> spec = TabularSpec(task="multiclass", n_num_features=2, n_classes=3)
+            >>> model = TabularEnsembleModule(spec, k=6, d_block=8)
+            >>> val = [{"x_num": torch.randn(32, 2), "y": torch.randint(0, 3, (32,))}]
+            >>> small = model.select_members(2, dataloader=val)
+            >>> small.hparams.k, len(small.member_selection.indices)
+            (2, 2)
+        """
+        if dataloader is None:
+            if datamodule is None:
+                trainer = self._trainer
+                datamodule = getattr(trainer, "datamodule", None) if trainer is not None else None
+            if datamodule is None:
+                raise ValueError("select_members needs validation rows: pass datamodule= or dataloader=.")
+            dataloader = datamodule.val_dataloader()
+        predictions, target = collect_member_predictions(self, dataloader)
+        selection = choose_members(predictions, target, k, method, metric)
+        selected = subset_members(self, selection.indices)
+        selected.member_selection = selection
+        return selected
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Also save ``member_selection`` (plain Python)."""
+        super().on_save_checkpoint(checkpoint)
+        if self.member_selection is not None:
+            checkpoint["ripieno_member_selection"] = self.member_selection.to_dict()
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Restore ``member_selection``."""
+        super().on_load_checkpoint(checkpoint)
+        if "ripieno_member_selection" in checkpoint:
+            self.member_selection = MemberSelection(**checkpoint["ripieno_member_selection"])
 
     # ------------------------------------------------------------------- optimiser
     def optimizer_parameters(self) -> list[dict[str, Any]]:

@@ -1,0 +1,123 @@
+"""Member selection: the greedy / top-k rules against brute force, and exact sub-ensembles."""
+
+from __future__ import annotations
+
+import lightning as L
+import numpy as np
+import pytest
+import torch
+from sklearn.metrics import log_loss, mean_squared_error
+from torch.utils.data import DataLoader
+
+from ripieno.datamodules.base import collate_batch
+from ripieno.datamodules.tabular import TabularTensorDataset
+from ripieno.framework.methods import TabularEnsembleModule
+from ripieno.framework.methods.member_selection import choose_members, ensemble_score, subset_members
+from ripieno.framework.tabular_spec import TabularSpec
+
+SPEC = TabularSpec(task="multiclass", n_num_features=3, n_classes=3, cat_cardinalities=[4],
+                   bins=[[0.0, 0.5, 1.0]] * 3)
+ADAPTERS = [("lometab", "all"), ("rank1", "all"), ("rank1", "mini"), ("additive", "all"),
+            ("shared", "all"), ("packed", "all")]
+
+
+def _member_probs(n: int = 64, k: int = 6, c: int = 3, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(n, k, c, generator=g, dtype=torch.float64) * 2
+    target = torch.randint(0, c, (n,), generator=g)
+    return torch.softmax(logits, -1), target
+
+
+def test_scores_are_sklearn_log_loss_error_and_mse():
+    probs, target = _member_probs()
+    assert ensemble_score(probs, target).item() == pytest.approx(
+        log_loss(target.numpy(), probs.mean(1).numpy(), labels=[0, 1, 2]), rel=1e-12)
+    error = (probs.mean(1).argmax(-1) != target).double().mean().item()
+    assert ensemble_score(probs, target, "error").item() == pytest.approx(error)
+    values, y = torch.randn(20, 4, dtype=torch.float64), torch.randn(20, dtype=torch.float64)
+    assert ensemble_score(values, y).item() == pytest.approx(mean_squared_error(y, values.mean(1)))
+
+
+@pytest.mark.parametrize("metric", ["loss", "error"])
+def test_greedy_adds_the_best_member_at_every_step_with_replacement(metric):
+    probs, target = _member_probs(seed=1)
+    chosen = choose_members(probs, target, k=7, metric=metric)
+    assert len(chosen.indices) == 7
+    for step in range(1, 8):
+        before = chosen.indices[:step - 1]
+        candidates = [ensemble_score(probs[:, before + [j]], target, metric).item() for j in range(6)]
+        best = min(candidates)
+        assert candidates[chosen.indices[step - 1]] == best
+        assert chosen.indices[step - 1] == candidates.index(best)  # ties: lowest index
+    assert chosen.score == pytest.approx(ensemble_score(probs[:, chosen.indices], target, metric).item())
+    assert chosen.score_all == pytest.approx(ensemble_score(probs, target, metric).item())
+    single = min(ensemble_score(probs[:, [j]], target, metric).item() for j in range(6))
+    assert chosen.score <= single  # the first step alone reaches the best single member
+
+
+def test_topk_takes_the_members_with_the_best_own_loss():
+    probs, target = _member_probs(seed=2)
+    own = [log_loss(target.numpy(), probs[:, j].numpy(), labels=[0, 1, 2]) for j in range(6)]
+    assert choose_members(probs, target, k=3, method="topk").indices == list(np.argsort(own)[:3])
+
+
+def test_bad_selection_arguments_are_errors():
+    probs, target = _member_probs()
+    with pytest.raises(ValueError, match="k=7 > the 6 trained members"):
+        choose_members(probs, target, k=7, method="topk")
+    with pytest.raises(ValueError, match="method must be one of"):
+        choose_members(probs, target, k=2, method="best")
+    with pytest.raises(ValueError, match="needs classification"):
+        choose_members(torch.randn(5, 3), torch.randn(5), k=2, metric="error")
+    with pytest.raises(ValueError, match=r"Member indices must be in \[0, 4\)"):
+        subset_members(TabularEnsembleModule(SPEC, k=4, d_block=8), [0, 4])
+
+
+def _inputs(n: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(3)
+    return torch.rand(n, 3, generator=g), torch.randint(0, 4, (n, 1), generator=g)
+
+
+@pytest.mark.parametrize(("adapter", "layers"), ADAPTERS)
+def test_subset_members_keeps_exactly_the_chosen_members(adapter, layers):
+    L.seed_everything(0, verbose=False)
+    model = TabularEnsembleModule(SPEC, k=5, d_block=8, adapter=adapter, adapter_layers=layers,
+                                  share_embeddings=adapter != "packed", dropout=0.0).eval()
+    x_num, x_cat = _inputs()
+    with torch.no_grad():
+        full = model(x_num, x_cat)
+        same = subset_members(model, range(5)).eval()(x_num, x_cat)
+        rng = torch.get_rng_state()
+        picked = subset_members(model, [3, 1, 1]).eval()
+        assert torch.equal(torch.get_rng_state(), rng)  # building the subset draws nothing
+        sub = picked(x_num, x_cat)
+    torch.testing.assert_close(same, full, rtol=0, atol=0)
+    torch.testing.assert_close(sub, full[:, [3, 1, 1]], rtol=1e-6, atol=1e-6)
+    assert picked.hparams.k == 3
+
+
+def test_select_members_end_to_end_and_the_selection_is_saved(tmp_path):
+    L.seed_everything(0, verbose=False)
+    model = TabularEnsembleModule(SPEC, k=6, d_block=8)
+    g = torch.Generator().manual_seed(4)
+    x_num, x_cat = torch.rand(48, 3, generator=g), torch.randint(0, 4, (48, 1), generator=g)
+    val = [{"x_num": x_num, "x_cat": x_cat, "y": torch.randint(0, 3, (48,), generator=g)}]
+    small = model.select_members(3, dataloader=val)
+    model.eval()
+    with torch.no_grad():
+        members = torch.softmax(model(x_num, x_cat), -1)
+        expected = members[:, small.member_selection.indices].mean(1)
+        got = small.eval().predict_step({"x_num": x_num, "x_cat": x_cat}, 0)["prediction"]
+    torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
+    probs = members.double()
+    assert small.member_selection == choose_members(probs, val[0]["y"], 3)
+    trainer = L.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False,
+                        default_root_dir=tmp_path)
+    loader = DataLoader(TabularTensorDataset(x_num, x_cat, val[0]["y"]), batch_size=16,
+                        collate_fn=collate_batch)
+    trainer.validate(small, dataloaders=loader, verbose=False)  # attaches the model to save it
+    trainer.save_checkpoint(tmp_path / "small.ckpt")
+    loaded = TabularEnsembleModule.load_from_checkpoint(tmp_path / "small.ckpt", weights_only=True)
+    assert loaded.member_selection == small.member_selection and loaded.hparams.k == 3
+    with pytest.raises(ValueError, match="pass datamodule= or dataloader="):
+        model.select_members(2)
