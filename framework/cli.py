@@ -15,6 +15,8 @@ command. Extras over plain LightningCLI:
   (``--tensorboard false`` turns this off);
 * ``predict --ckpt_path best.ckpt --data.init_args.predict_path new.csv`` prepares the new
   rows with the preprocessing stored in the checkpoint (``data.preprocessing_from``);
+* ``ripieno select_members -c <config> --ckpt_path best.ckpt --k 8`` saves the best 8
+  members of a trained tabular ensemble as a new checkpoint;
 * ``--test_after_fit true`` (the recipes' default) tests the best checkpoint after
   ``fit`` and prints the test metrics and where the logs, checkpoint and config went.
 """
@@ -190,11 +192,17 @@ def main(args: list[str] | None = None) -> None:
 
     Args:
         args: the command line without the program name (``None``: ``sys.argv[1:]``):
-            ``recipes``, or a LightningCLI subcommand and its arguments.
+            ``recipes``, ``select_members`` (``ripieno.framework.select_members_cli``), or a
+            LightningCLI subcommand and its arguments.
     """
     args = list(sys.argv[1:] if args is None else args)
     if args[:1] == ["recipes"]:
         print_recipes()
+        return
+    if args[:1] == ["select_members"]:
+        from ripieno.framework.select_members_cli import select_members_main
+
+        select_members_main(args[1:])
         return
     try:
         args = resolve_config_args(args)

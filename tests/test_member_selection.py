@@ -121,3 +121,28 @@ def test_select_members_end_to_end_and_the_selection_is_saved(tmp_path):
     assert loaded.member_selection == small.member_selection and loaded.hparams.k == 3
     with pytest.raises(ValueError, match="pass datamodule= or dataloader="):
         model.select_members(2)
+
+
+def test_cli_select_members_writes_a_checkpoint_that_predicts_like_the_chosen_members(tmp_path, monkeypatch,
+                                                                                        capsys):
+    from ripieno.framework.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    common = ["-c", "tabular/lometab_churn", "--data.init_args.max_rows=300", "--model.init_args.k=6",
+              "--model.init_args.d_block=16", "--trainer.default_root_dir=run"]
+    main(["fit", *common, "--trainer.max_epochs=1", "--trainer.enable_progress_bar=false",
+          "--trainer.enable_model_summary=false", "--test_after_fit=false"])
+    ckpt = next((tmp_path / "run").rglob("best-*.ckpt"))
+    main(["select_members", *common, f"--ckpt_path={ckpt}", "--k=3", "--out=best3.ckpt"])
+    out = capsys.readouterr().out
+    assert "greedy selection of 3 of 6 members" in out and "val/loss" in out
+    full = TabularEnsembleModule.load_from_checkpoint(ckpt, weights_only=True).eval()
+    small = TabularEnsembleModule.load_from_checkpoint("best3.ckpt", weights_only=True).eval()
+    assert small.hparams.k == 3 and len(small.member_selection.indices) == 3
+    x_num, x_cat = torch.randn(8, full.spec.n_num_features), torch.zeros(8, len(full.spec.cat_cardinalities),
+                                                                          dtype=torch.long)
+    with torch.no_grad():
+        expected = full(x_num, x_cat)[:, small.member_selection.indices]
+        torch.testing.assert_close(small(x_num, x_cat), expected, rtol=1e-6, atol=1e-6)
+    with pytest.raises(SystemExit, match="give the run's config with -c"):
+        main(["select_members", f"--ckpt_path={ckpt}", "--k=3"])
