@@ -72,6 +72,16 @@ SOURCES: dict[str, TabularSource] = {
         _rdataset("ISLR", "Default"), "default", "binary", categorical=["student"],
         drop=["rownames"], description="10,000 credit card holders, default yes/no",
     ),
+    "hpc_data": TabularSource(
+        _rdataset("modeldata", "hpc_data"), "class", "multiclass", categorical=["protocol", "day"],
+        drop=["rownames"],
+        description="4,331 high-performance-computing jobs, run-time class VF/F/M/L (4 classes)",
+    ),
+    "penguins": TabularSource(
+        _rdataset("palmerpenguins", "penguins"), "species", "multiclass", categorical=["island", "sex"],
+        drop=["rownames"],
+        description="344 Palmer penguins, 3 species; 19 missing values (use missing: impute)",
+    ),
     "breast_cancer": TabularSource(_sklearn("breast_cancer"), "target", "binary",
                                    description="569 tumours, malignant/benign"),
     "wine": TabularSource(_sklearn("wine"), "target", "multiclass",

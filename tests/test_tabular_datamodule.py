@@ -223,3 +223,15 @@ def test_frame_is_not_modified(table_csv):
     before = pd.read_csv(path)
     _ = _dm(path).spec
     pd.testing.assert_frame_equal(before, pd.read_csv(path))
+
+
+def test_shipped_multiclass_tables_load_offline():
+    hpc = TabularDataModule("hpc_data", n_bins=8).spec
+    assert (hpc.task, hpc.class_names) == ("multiclass", ["F", "L", "M", "VF"])
+    assert hpc.cat_feature_names == ["protocol", "day"] and hpc.n_num_features == 5
+    expected = r"Missing values in the training rows: .*'sex'.*missing: impute"
+    with pytest.raises(TabularDataError, match=expected):
+        _ = TabularDataModule("penguins", n_bins=8).spec
+    penguins = TabularDataModule("penguins", n_bins=8, missing="impute").spec
+    assert penguins.class_names == ["Adelie", "Chinstrap", "Gentoo"]
+    assert "sex__missing" in penguins.cat_feature_names and "rownames" not in penguins.num_feature_names
