@@ -1,0 +1,420 @@
+"""scikit-learn estimators around ripieno's tabular ensembles: ``EnsembleClassifier``, ``EnsembleRegressor``.
+
+``fit(X, y, X_val=None, y_val=None)`` takes DataFrames (categorical columns found from
+their pandas dtype: anything not numeric, such as strings, ``category`` or ``bool``, or named in
+``categorical``) or arrays (numeric unless ``categorical`` gives column indices); it fits
+the same preprocessing as ``TabularDataModule`` (``TabularPreprocessor``, piecewise-linear
+bins), builds a ``TabularEnsembleModule`` and trains it with a Lightning ``Trainer``:
+early stopping on the validation loss (``X_val``/``y_val``, else a ``val_size`` part of
+the training rows) and the best epoch's weights restored. ``random_state`` makes fits
+repeatable without touching the caller's random state (torch's generator is forked).
+
+Written here because the ``tabm`` package has no scikit-learn interface (its maintainers
+declined one), and wrappers elsewhere (pytabkit, AutoGluon) wrap other models.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import warnings
+from collections.abc import Sequence
+from contextlib import contextmanager
+from typing import Any, ClassVar
+
+import lightning as L
+import numpy as np
+import pandas as pd
+import torch
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
+from sklearn.model_selection import train_test_split
+from sklearn.utils import check_random_state
+from sklearn.utils.multiclass import check_classification_targets
+from sklearn.utils.validation import check_is_fitted, column_or_1d, validate_data
+from torch.utils.data import DataLoader
+
+from ripieno.framework.members import member_predictions
+from ripieno.framework.methods.tabular_ensemble import TabularEnsembleModule
+from ripieno.framework.nn.embeddings import compute_bins
+from ripieno.framework.tabular_preprocessing import TabularPreprocessingError, TabularPreprocessor
+from ripieno.framework.tabular_spec import TabularSpec
+
+ADAPTERS: dict[str, dict[str, str]] = {
+    "lometab": {"adapter": "lometab"},
+    "rank1": {"adapter": "rank1"},
+    "mini": {"adapter": "rank1", "adapter_layers": "mini"},
+    "additive": {"adapter": "additive"},
+    "shared": {"adapter": "shared"},
+    "packed": {"adapter": "packed", "share_embeddings": False},
+}
+"""``adapter`` names of the estimators and the ``TabularEnsembleModule`` arguments they set."""
+
+
+
+def _is_categorical(column: pd.Series) -> bool:
+    """Strings, objects, ``category`` and booleans are categorical; numbers are numeric."""
+    types = pd.api.types
+    return types.is_bool_dtype(column) or not types.is_numeric_dtype(column)
+
+_QUIET = ("lightning.pytorch", "lightning.fabric", "lightning")
+
+
+@contextmanager
+def _quiet_lightning(verbose: bool) -> Any:  # noqa: ANN401
+    """Lightning's info messages and per-fit warnings off while fitting (unless ``verbose``)."""
+    if verbose:
+        yield
+        return
+    loggers = [logging.getLogger(name) for name in _QUIET]
+    levels = [lg.level for lg in loggers]
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", module=r"lightning\..*")
+        for lg in loggers:
+            lg.setLevel(logging.ERROR)
+        try:
+            yield
+        finally:
+            for lg, level in zip(loggers, levels, strict=True):
+                lg.setLevel(level)
+
+
+def _collate(rows: list[tuple[Any, ...]]) -> dict[str, torch.Tensor]:
+    x_num, x_cat, *y = (torch.stack(col) for col in zip(*rows, strict=True))
+    return {"x_num": x_num, "x_cat": x_cat, **({"y": y[0]} if y else {})}
+
+
+class _TabularEnsembleEstimator(BaseEstimator):
+    """Shared ``fit`` / prediction code of ``EnsembleClassifier`` and ``EnsembleRegressor``."""
+
+    _task_family: ClassVar[str] = ""
+
+    def __init__(
+        self,
+        adapter: str = "lometab",
+        k: int = 16,
+        n_blocks: int = 2,
+        d_block: int = 128,
+        rank: int = 4,
+        sigma_init: float | None = None,
+        dropout: float = 0.1,
+        numeric_embedding: str = "ple",
+        n_bins: int = 32,
+        d_embedding: int = 8,
+        categorical: Sequence[str | int] | None = None,
+        missing: str = "impute",
+        lr: float = 2e-3,
+        weight_decay: float = 3e-4,
+        batch_size: int = 256,
+        max_epochs: int = 100,
+        patience: int = 8,
+        val_size: float = 0.2,
+        random_state: int | np.random.RandomState | None = None,
+        verbose: bool = False,
+        trainer_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        self.adapter = adapter
+        self.k = k
+        self.n_blocks = n_blocks
+        self.d_block = d_block
+        self.rank = rank
+        self.sigma_init = sigma_init
+        self.dropout = dropout
+        self.numeric_embedding = numeric_embedding
+        self.n_bins = n_bins
+        self.d_embedding = d_embedding
+        self.categorical = categorical
+        self.missing = missing
+        self.lr = lr
+        self.weight_decay = weight_decay
+        self.batch_size = batch_size
+        self.max_epochs = max_epochs
+        self.patience = patience
+        self.val_size = val_size
+        self.random_state = random_state
+        self.verbose = verbose
+        self.trainer_kwargs = trainer_kwargs
+
+    def __sklearn_tags__(self) -> Any:  # noqa: ANN401
+        tags = super().__sklearn_tags__()
+        tags.input_tags.allow_nan = self.missing == "impute"
+        tags.input_tags.string = True
+        tags.input_tags.categorical = True
+        tags.non_deterministic = self.random_state is None
+        return tags
+
+    # ---------------------------------------------------------------------- inputs
+    def _frame(self, X: Any, *, reset: bool) -> pd.DataFrame:  # noqa: ANN401, N803
+        """``X`` as a DataFrame with string column names (arrays checked by scikit-learn)."""
+        finite = "allow-nan" if self.missing == "impute" else True
+        if isinstance(X, pd.DataFrame):
+            validate_data(self, X, reset=reset, skip_check_array=True)
+            if X.shape[1] == 0 or X.shape[0] == 0:
+                raise ValueError(f"Found array with {X.shape[0]} sample(s) and {X.shape[1]} feature(s);"
+                                 " a minimum of 1 is required.")
+            frame = X.copy()
+            frame.columns = [str(c) for c in frame.columns]
+            return frame
+        if self.categorical:
+            x = validate_data(self, X, reset=reset, dtype=None, ensure_all_finite=False)
+        else:
+            x = validate_data(self, X, reset=reset, ensure_all_finite=finite)
+        return pd.DataFrame(x, columns=[f"x{j}" for j in range(x.shape[1])])
+
+    def _categorical_columns(self, frame: pd.DataFrame) -> list[str]:
+        if self.categorical is None:
+            return [c for c in frame.columns if _is_categorical(frame[c])]
+        names = []
+        for c in self.categorical:
+            name = f"x{c}" if isinstance(c, (int, np.integer)) and f"x{c}" in frame.columns else str(c)
+            if name not in frame.columns:
+                raise ValueError(f"categorical column {c!r} is not in X; its columns are"
+                                 f" {list(frame.columns)}.")
+            names.append(name)
+        return names
+
+    def _encode_y(self, y: Any, *, fit: bool) -> np.ndarray:  # noqa: ANN401
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------------- fit
+    def fit(self, X: Any, y: Any, X_val: Any = None, y_val: Any = None) -> Any:  # noqa: ANN401, N803
+        """Fit the preprocessing on ``X`` and train the ensemble, early-stopped on validation rows.
+
+        Args:
+            X: training features (DataFrame or array-like ``(n, d)``).
+            y: training targets ``(n,)``.
+            X_val: validation features for early stopping (default: ``val_size`` of ``X``).
+            y_val: validation targets, with ``X_val``.
+
+        Returns:
+            self.
+        """
+        if self.adapter not in ADAPTERS:
+            raise ValueError(f"adapter must be one of {sorted(ADAPTERS)}, got {self.adapter!r}.")
+        if (X_val is None) != (y_val is None):
+            raise ValueError("Give both X_val and y_val, or neither.")
+        frame = self._frame(X, reset=True)
+        y_all = self._encode_y(y, fit=True)
+        if len(y_all) != len(frame):
+            raise ValueError(f"X has {len(frame)} rows but y has {len(y_all)}.")
+        if len(frame) < 2:
+            raise ValueError(f"n_samples = {len(frame)}: training needs at least 2 rows.")
+        rng = check_random_state(self.random_state)
+        seed = int(rng.randint(np.iinfo(np.int32).max))
+        if X_val is None:
+            train_rows, val_rows = self._validation_split(y_all, seed)
+            x_train, y_train = frame.iloc[train_rows], y_all[train_rows]
+            x_val, y_val_enc = frame.iloc[val_rows], y_all[val_rows]
+        else:
+            x_train, y_train = frame, y_all
+            x_val, y_val_enc = self._frame(X_val, reset=False), self._encode_y(y_val, fit=False)
+        categorical = self._categorical_columns(frame)
+        numeric = [c for c in frame.columns if c not in categorical]
+        self.preprocessor_ = TabularPreprocessor(numeric, categorical, "quantile_normal", self.missing,
+                                                 seed=0)
+        try:
+            self.preprocessor_.fit(x_train)
+            train = self.preprocessor_.transform(x_train, what="training rows")
+            val = self.preprocessor_.transform(x_val, what="validation rows")
+        except TabularPreprocessingError as err:
+            raise ValueError(str(err)) from err
+        if train[0].shape[1] + train[1].shape[1] == 0:
+            raise ValueError("Every feature of X is constant on the training rows; nothing to learn from.")
+        self.model_ = self._train(self._spec(train[0], y_train), train, y_train, val, y_val_enc, seed)
+        return self
+
+    def _validation_split(self, y: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
+        """Rows for training and for early stopping: stratified when every class has 2 rows."""
+        rows = np.arange(len(y))
+        n_val = int(round(self.val_size * len(y)))
+        if not 0 < self.val_size < 1 or n_val < 1 or len(y) - n_val < 2:
+            raise ValueError(f"val_size={self.val_size} leaves no validation or training rows out of"
+                             f" {len(y)}; give X_val and y_val, or more rows.")
+        stratify = None
+        if self._task_family == "classification":
+            counts = np.bincount(y)
+            if counts.min() >= 2 and n_val >= len(counts):
+                stratify = y
+        train_rows, val_rows = train_test_split(rows, test_size=n_val, random_state=seed, stratify=stratify)
+        return np.sort(train_rows), np.sort(val_rows)
+
+    def _spec(self, x_num: np.ndarray, y: np.ndarray) -> TabularSpec:
+        pre = self.preprocessor_
+        bins = None
+        if self.numeric_embedding == "ple" and x_num.shape[1] and len(x_num) > 2:
+            edges = compute_bins(x_num, min(self.n_bins, len(x_num) - 1), feature_names=pre.num_feature_names)
+            bins = [e.tolist() for e in edges]
+        elif self.numeric_embedding not in ("ple", "none"):
+            raise ValueError(f"numeric_embedding must be 'ple' or 'none', got {self.numeric_embedding!r}.")
+        common = {"n_num_features": x_num.shape[1], "cat_cardinalities": pre.cat_cardinalities, "bins": bins,
+                  "num_feature_names": pre.num_feature_names, "cat_feature_names": pre.cat_feature_names,
+                  "preprocessing": pre.state_dict()}
+        if self._task_family == "regression":
+            std = float(y.std())
+            return TabularSpec(task="regression", target_mean=float(y.mean()),
+                               target_std=std if std > 0 else 1.0, **common)
+        n_classes = len(self.classes_)
+        return TabularSpec(task="binary" if n_classes == 2 else "multiclass", n_classes=n_classes,
+                           class_names=[str(c) for c in self.classes_], **common)
+
+    def _module_kwargs(self) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {
+            "k": self.k, "n_blocks": self.n_blocks, "d_block": self.d_block, "rank": self.rank,
+            "dropout": self.dropout, "d_embedding": self.d_embedding, "lr": self.lr,
+            "weight_decay": self.weight_decay, **ADAPTERS[self.adapter],
+        }
+        if self.sigma_init is not None:
+            kwargs["sigma_init"] = self.sigma_init
+        return kwargs
+
+    def _loader(self, x: tuple[np.ndarray, np.ndarray], y: np.ndarray, *, shuffle: bool,
+                generator: torch.Generator | None = None) -> DataLoader:
+        target = torch.as_tensor(y, dtype=torch.float32 if self._task_family == "regression" else torch.long)
+        data = list(zip(torch.as_tensor(x[0]), torch.as_tensor(x[1]), target, strict=True))
+        return DataLoader(data, batch_size=min(self.batch_size, len(data)), shuffle=shuffle,
+                          collate_fn=_collate, generator=generator)
+
+    def _train(self, spec: TabularSpec, train: tuple[np.ndarray, np.ndarray], y_train: np.ndarray,
+               val: tuple[np.ndarray, np.ndarray], y_val: np.ndarray, seed: int) -> TabularEnsembleModule:
+        with torch.random.fork_rng(devices=[]), _quiet_lightning(self.verbose), \
+                tempfile.TemporaryDirectory(prefix="ripieno-estimator-") as folder:
+            torch.manual_seed(seed)
+            model = TabularEnsembleModule(spec, **self._module_kwargs())
+            checkpoint = ModelCheckpoint(dirpath=folder, monitor="val/loss", mode="min",
+                                         save_weights_only=True)
+            kwargs = {"max_epochs": self.max_epochs, "logger": False, "enable_progress_bar": self.verbose,
+                      "enable_model_summary": self.verbose, "num_sanity_val_steps": 0,
+                      "accelerator": "cpu", "deterministic": True, "default_root_dir": folder,
+                      **(self.trainer_kwargs or {})}
+            callbacks = [EarlyStopping(monitor="val/loss", mode="min", patience=self.patience), checkpoint,
+                         *kwargs.pop("callbacks", [])]
+            trainer = L.Trainer(callbacks=callbacks, **kwargs)
+            generator = torch.Generator().manual_seed(seed)
+            trainer.fit(model, self._loader(train, y_train, shuffle=True, generator=generator),
+                        self._loader(val, y_val, shuffle=False))
+            if checkpoint.best_model_path:
+                state = torch.load(checkpoint.best_model_path, map_location="cpu", weights_only=True)
+                model.load_state_dict(state["state_dict"])
+            self.n_epochs_ = trainer.current_epoch
+            self.best_score_ = float(checkpoint.best_model_score) if checkpoint.best_model_score is not None \
+                else float("nan")
+        model.trainer = None  # type: ignore[assignment]  # detach: the estimator pickles without it
+        return model.cpu().eval()
+
+    # ------------------------------------------------------------------- predict
+    @torch.no_grad()
+    def _member_predictions(self, X: Any) -> torch.Tensor:  # noqa: ANN401, N803
+        check_is_fitted(self, "model_")
+        frame = self._frame(X, reset=False)
+        try:
+            x_num, x_cat = self.preprocessor_.transform(frame)
+        except TabularPreprocessingError as err:
+            raise ValueError(str(err)) from err
+        model = self.model_.eval()
+        parts = []
+        for start in range(0, len(frame), 8192):
+            batch = {"x_num": torch.as_tensor(x_num[start:start + 8192]),
+                     "x_cat": torch.as_tensor(x_cat[start:start + 8192])}
+            parts.append(member_predictions(model.forward_members(batch), model.member_output_kind))
+        return torch.cat(parts)
+
+
+class EnsembleClassifier(ClassifierMixin, _TabularEnsembleEstimator):
+    """A tabular ensemble classifier (LoMETab by default) with the scikit-learn API.
+
+    Args:
+        adapter: ``lometab``, ``rank1`` (TabM), ``mini`` (TabM-mini), ``additive``,
+            ``shared`` (one MLP, K heads) or ``packed`` (deep ensemble).
+        k: members.
+        n_blocks: hidden layers.
+        d_block: hidden width.
+        rank: adapter rank (``lometab``, ``additive``).
+        sigma_init: adapter init scale (``None``: ``TabularEnsembleModule``'s default).
+        dropout: dropout rate.
+        numeric_embedding: ``ple`` (piecewise-linear embeddings) or ``none``.
+        n_bins: PLE bins per numeric feature.
+        d_embedding: PLE embedding size.
+        categorical: categorical columns (names, or indices for arrays); ``None``: the
+            DataFrame's non-numeric columns (strings, ``category``) and ``bool`` ones.
+        missing: ``impute`` (median / most frequent plus indicators) or ``error``.
+        lr: AdamW learning rate.
+        weight_decay: AdamW weight decay of weight matrices.
+        batch_size: training batch size.
+        max_epochs: training epochs at most.
+        patience: early-stopping patience (epochs without a better validation loss).
+        val_size: fraction of the training rows held out when no ``X_val`` is given.
+        random_state: seed (or ``RandomState``) of the model init, split and shuffling.
+        verbose: show Lightning's progress bar and messages.
+        trainer_kwargs: extra ``lightning.Trainer`` arguments (e.g. ``accelerator``).
+
+    Attributes:
+        classes_: the class labels.
+        model_: the trained ``TabularEnsembleModule`` (its checkpoint predicts on its own).
+        preprocessor_: the fitted ``TabularPreprocessor``.
+        n_epochs_: epochs trained before early stopping.
+
+    Example:
+        >>> from sklearn.datasets import load_iris
+        >>> X, y = load_iris(return_X_y=True)
+        >>> clf = EnsembleClassifier(k=4, d_block=16, max_epochs=30, random_state=0).fit(X, y)
+        >>> clf.predict_proba(X[:2]).shape, clf.score(X, y) > 0.85
+        ((2, 3), True)
+    """
+
+    _task_family = "classification"
+
+    def _encode_y(self, y: Any, *, fit: bool) -> np.ndarray:  # noqa: ANN401
+        y = column_or_1d(y, warn=True)
+        check_classification_targets(y)
+        if fit:
+            self.classes_ = np.unique(y)
+            if len(self.classes_) < 2:
+                raise ValueError("The classifier needs at least 2 classes; y has 1 class"
+                                 f" ({self.classes_[0]!r}).")
+        codes = np.searchsorted(self.classes_, y)
+        codes = np.clip(codes, 0, len(self.classes_) - 1)
+        unknown = self.classes_[codes] != y
+        if unknown.any():
+            raise ValueError(f"y_val has labels not in y: {sorted(set(np.asarray(y)[unknown].tolist()))}.")
+        return codes.astype(np.int64)
+
+    def predict_proba(self, X: Any) -> np.ndarray:  # noqa: ANN401, N803
+        """Mean member probability ``(n, n_classes)``, columns in ``classes_`` order."""
+        return self._member_predictions(X).mean(1).double().numpy()
+
+    def predict(self, X: Any) -> np.ndarray:  # noqa: ANN401, N803
+        """The class of highest mean member probability."""
+        proba = self.predict_proba(X)  # checks the fit before classes_ is read
+        return self.classes_[proba.argmax(1)]
+
+
+class EnsembleRegressor(RegressorMixin, _TabularEnsembleEstimator):
+    """A tabular ensemble regressor (LoMETab by default) with the scikit-learn API.
+
+    Arguments and attributes as ``EnsembleClassifier`` (without ``classes_``); the target is
+    standardised with its training mean and std, and ``predict`` returns the mean member
+    prediction in ``y``'s units.
+
+    Example:
+        >>> from sklearn.datasets import load_diabetes
+        >>> X, y = load_diabetes(return_X_y=True)
+        >>> reg = EnsembleRegressor(k=4, d_block=16, max_epochs=30, random_state=0).fit(X, y)
+        >>> reg.predict(X[:3]).shape, reg.score(X, y) > 0.3
+        ((3,), True)
+    """
+
+    _task_family = "regression"
+
+    def _encode_y(self, y: Any, *, fit: bool) -> np.ndarray:  # noqa: ANN401
+        y = column_or_1d(y, warn=True).astype(np.float64)
+        if not np.isfinite(y).all():
+            raise ValueError("Input y contains NaN or infinity; drop or fill those rows.")
+        return y
+
+    def predict(self, X: Any) -> np.ndarray:  # noqa: ANN401, N803
+        """Mean member prediction in ``y``'s units."""
+        return self._member_predictions(X).mean(1).double().numpy()
+
+    def predict_members(self, X: Any) -> np.ndarray:  # noqa: ANN401, N803
+        """Every member's prediction ``(n, k)`` (their spread is the ensemble's uncertainty)."""
+        return self._member_predictions(X).double().numpy()

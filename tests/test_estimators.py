@@ -1,0 +1,121 @@
+"""scikit-learn estimators: the estimator contract (check_estimator), composition, pickling, inputs."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from sklearn.datasets import load_iris
+from sklearn.model_selection import GridSearchCV, cross_val_score
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import StandardScaler
+from sklearn.utils.estimator_checks import check_estimator
+
+from ripieno.framework.estimators import ADAPTERS, EnsembleClassifier, EnsembleRegressor
+
+SUBSET_INVARIANCE = ("float32 matrix products differ in the last bits with the batch's size, so a row's"
+                     " prediction can move by ~1e-6 relative when predicted in a smaller batch")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("estimator", [
+    EnsembleClassifier(k=2, d_block=16, lr=1e-2, max_epochs=50, random_state=0),
+    EnsembleRegressor(k=2, d_block=16, lr=1e-2, batch_size=64, max_epochs=60, random_state=0),
+], ids=["classifier", "regressor"])
+def test_check_estimator(estimator):
+    results = check_estimator(estimator, on_fail=None,
+                              expected_failed_checks={"check_methods_subset_invariance": SUBSET_INVARIANCE})
+    failed = {r["check_name"]: repr(r["exception"]) for r in results if r["status"] == "failed"}
+    assert not failed
+    assert len(results) > 40
+
+
+def _iris():
+    x, y = load_iris(return_X_y=True)
+    return x, np.array(["setosa", "versicolor", "virginica"])[y]
+
+
+QUICK = {"k": 2, "d_block": 16, "max_epochs": 8, "lr": 1e-2, "random_state": 0}
+
+
+def test_pipeline_cross_val_score_and_grid_search():
+    x, y = _iris()
+    scores = cross_val_score(make_pipeline(StandardScaler(), EnsembleClassifier(**QUICK)), x, y, cv=3)
+    assert scores.shape == (3,) and (scores > 0.5).all()
+    search = GridSearchCV(EnsembleClassifier(**QUICK), {"adapter": ["lometab", "rank1"]}, cv=2).fit(x, y)
+    assert search.best_params_["adapter"] in ("lometab", "rank1")
+    assert set(search.predict(x)) <= set(y)
+
+
+def _mixed_frame(n: int = 160, seed: int = 0) -> tuple[pd.DataFrame, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    colour = rng.choice(["red", "green", "blue"], n)
+    size = rng.normal(size=n)
+    frame = pd.DataFrame({"size": size, "colour": colour, "flag": rng.random(n) > 0.5,
+                          "shop": pd.Categorical(rng.choice(["a", "b"], n))})
+    frame.loc[::10, "size"] = np.nan
+    frame.loc[5::17, "colour"] = None
+    y = (np.nan_to_num(size) + (colour == "red") > 0.5).astype(int)
+    return frame, y
+
+
+def test_dataframes_with_categories_and_gaps_are_predicted_as_their_checkpointable_module():
+    frame, y = _mixed_frame()
+    clf = EnsembleClassifier(**QUICK).fit(frame, y)
+    assert clf.preprocessor_.kept_categorical == ["colour", "flag", "shop"]
+    assert clf.preprocessor_.indicators == ["size", "colour"]
+    proba = clf.predict_proba(frame)
+    np.testing.assert_allclose(proba.sum(1), 1.0, atol=1e-6)
+    table = clf.model_.predict_frame(frame)  # the inner module reads raw rows the same way
+    np.testing.assert_allclose(table[["proba_0", "proba_1"]].to_numpy(), proba, atol=1e-6)
+    assert list(clf.feature_names_in_) == ["size", "colour", "flag", "shop"]
+
+
+def test_random_state_repeats_fits_and_leaves_the_callers_random_state_alone():
+    x, y = _iris()
+    torch_state, numpy_state = torch.get_rng_state(), np.random.get_state()
+    first = EnsembleClassifier(**QUICK).fit(x, y).predict_proba(x)
+    assert torch.equal(torch.get_rng_state(), torch_state)
+    assert np.array_equal(np.random.get_state()[1], numpy_state[1])
+    np.testing.assert_array_equal(EnsembleClassifier(**QUICK).fit(x, y).predict_proba(x), first)
+    other = EnsembleClassifier(**{**QUICK, "random_state": 1}).fit(x, y).predict_proba(x)
+    assert not np.array_equal(other, first)
+
+
+def test_pickle_round_trip_predicts_the_same():
+    x, y = _iris()
+    clf = EnsembleClassifier(**QUICK).fit(x, y)
+    clone = pickle.loads(pickle.dumps(clf))
+    np.testing.assert_array_equal(clone.predict_proba(x), clf.predict_proba(x))
+    assert list(clone.classes_) == ["setosa", "versicolor", "virginica"]
+
+
+@pytest.mark.parametrize("adapter", sorted(ADAPTERS))
+def test_every_adapter_fits_a_regressor_with_a_given_validation_set(adapter):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(120, 3))
+    y = x @ np.array([1.0, -2.0, 0.5]) + 100.0
+    reg = EnsembleRegressor(adapter=adapter, k=3, d_block=16, max_epochs=3, random_state=0)
+    reg.fit(x[:90], y[:90], X_val=x[90:], y_val=y[90:])
+    assert reg.model_.hparams.adapter == ADAPTERS[adapter]["adapter"]
+    members = reg.predict_members(x[90:])
+    assert members.shape == (30, 3)
+    np.testing.assert_allclose(reg.predict(x[90:]), members.mean(1), rtol=1e-6)
+    assert abs(reg.predict(x).mean() - 100.0) < 10.0  # in y's units, not standardised ones
+
+
+def test_trainer_kwargs_reach_the_trainer_and_bad_arguments_are_errors():
+    x, y = _iris()
+    clf = EnsembleClassifier(**{**QUICK, "trainer_kwargs": {"max_epochs": 1}}).fit(x, y)
+    assert clf.n_epochs_ == 1
+    with pytest.raises(ValueError, match="adapter must be one of"):
+        EnsembleClassifier(adapter="lora").fit(x, y)
+    with pytest.raises(ValueError, match="Give both X_val and y_val"):
+        EnsembleClassifier(**QUICK).fit(x, y, X_val=x)
+    with pytest.raises(ValueError, match=r"y_val has labels not in y: \['cactus'\]"):
+        EnsembleClassifier(**QUICK).fit(x[:100], y[:100], X_val=x[100:102], y_val=["setosa", "cactus"])
+    with pytest.raises(ValueError, match="categorical column 'colour' is not in X"):
+        EnsembleClassifier(**{**QUICK, "categorical": ["colour"]}).fit(pd.DataFrame(x).add_prefix("f"), y)
