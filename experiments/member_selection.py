@@ -129,7 +129,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     if not 1 <= args.k_small < args.k_large:
         parser.error("need 1 <= --k_small < --k_large")
     rows = run(args.recipes, args.seeds, args.k_large, args.k_small, args.override)
-    write_csv(args.out / "member_selection.csv", rows)
+    columns = list(dict.fromkeys(key for row in rows for key in row))  # recipes differ in metrics
+    write_csv(args.out / "member_selection.csv", [{c: row.get(c, "") for c in columns} for row in rows])
     (args.out / "member_selection.md").write_text(summary(rows))
     print(summary(rows))
 
