@@ -1,0 +1,126 @@
+"""One training step of the whole tabular model: the ``tabm`` package's TabM next to ours.
+
+What is measured
+    A full model with piecewise-linear embeddings (``rtdl_num_embeddings`` version B for
+    the package, ours for ripieno; same bins, ``--d_embedding``), categorical one-hot
+    inputs, ``--blocks`` hidden layers of width ``--d``, ``--k`` members and a member head,
+    on a batch of ``--batch`` rows (defaults: K=32, d_block=512, 3 blocks, batch 256,
+    8 numeric features with 32 bins, 2 categorical ones). One step is forward, the mean
+    member cross-entropy, backward and an AdamW step (gradients reset with
+    ``set_to_none``). Rows: ``tabm.TabM`` (arch ``tabm``), ours ``rank1`` (the same
+    network, tested equal to the package's in ``tests/test_tabm_equivalence.py``), ours
+    ``lometab`` at r=4 and r=16 (``compute="auto"``) and r=4 with ``materialized`` and
+    ``factored`` forced.
+
+Time
+    ``torch.utils.benchmark.Timer``; the variants interleave over ``--rounds`` rounds (one
+    warm-up step each first), and the table shows the median step in ms and its ratio to
+    the package's TabM, measured side by side in this one process with the thread count
+    printed.
+
+Where LoMETab's remaining gap comes from
+    TabM's member weight is never formed: ``((x * r_k) @ W^T) * s_k`` costs one shared
+    GEMM. LoMETab's ``W * (1 + A_k B_k^T)`` cannot be factored that way for r > 1: the
+    ``materialized`` order builds the ``(K, out, in)`` member weights (a pass to form
+    ``A_k B_k^T`` and the product with ``W``, a batched GEMM, and in backward passes over the
+    same ``(K, out, in)`` tensors for the gradients of ``A_k``, ``B_k`` and ``W``), while the
+    ``factored`` order runs ``rank + 1`` shared GEMMs on inputs scaled by the columns of
+    ``B_k`` (about ``rank + 1`` times TabM's multiply-adds). ``auto`` picks between the two
+    by shape; at batch 256 and K=32 the passes over the 32 x 512 x 512 member weights (32 MiB
+    each in float32) are what a ratio above 1 measures.
+
+Run: ``python bench/tabm_full_model.py`` (``make bench`` runs it with the others).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+
+import rtdl_num_embeddings as rne
+import tabm
+import torch
+import torch.nn.functional as F
+from torch.utils import benchmark
+
+from ripieno.framework.nn import TabularEnsembleNet
+
+
+def _bins(n_features: int, n_bins: int, rows: torch.Tensor) -> list[torch.Tensor]:
+    return rne.compute_bins(rows, n_bins=n_bins)[:n_features]
+
+
+def _step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, x_num: torch.Tensor,
+          x_cat: torch.Tensor, y: torch.Tensor) -> None:
+    optimizer.zero_grad(set_to_none=True)
+    out = model(x_num, x_cat)  # (B, K, C)
+    loss = F.cross_entropy(out.flatten(0, 1), y.repeat_interleave(out.shape[1]))
+    loss.backward()
+    optimizer.step()
+
+
+def main() -> None:
+    """Print the table (see the module docstring)."""
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--k", type=int, default=32)
+    parser.add_argument("--d", type=int, default=512)
+    parser.add_argument("--blocks", type=int, default=3)
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--n_num", type=int, default=8)
+    parser.add_argument("--n_bins", type=int, default=32)
+    parser.add_argument("--d_embedding", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    torch.manual_seed(0)
+    cards, n_classes = [5, 3], 2
+    rows = torch.randn(4096, args.n_num)
+    bins = _bins(args.n_num, args.n_bins, rows)
+    x_num = torch.randn(args.batch, args.n_num, device=device)
+    x_cat = torch.stack([torch.randint(0, c, (args.batch,)) for c in cards], 1).to(device)
+    y = torch.randint(0, n_classes, (args.batch,), device=device)
+
+    def ours(**kwargs: object) -> torch.nn.Module:
+        return TabularEnsembleNet(args.n_num, cards, n_classes, k=args.k, n_blocks=args.blocks,
+                                  d_block=args.d, dropout=0.1, bins=bins, d_embedding=args.d_embedding,
+                                  **kwargs)
+
+    variants = {
+        "tabm package TabM": lambda: tabm.TabM.make(
+            n_num_features=args.n_num, cat_cardinalities=cards, d_out=n_classes, arch_type="tabm", k=args.k,
+            n_blocks=args.blocks, d_block=args.d, dropout=0.1,
+            num_embeddings=rne.PiecewiseLinearEmbeddings(bins, args.d_embedding, activation=False,
+                                                         version="B")),
+        "ripieno rank1 (TabM)": lambda: ours(adapter="rank1"),
+        "ripieno lometab r=4": lambda: ours(adapter="lometab", rank=4),
+        "ripieno lometab r=16": lambda: ours(adapter="lometab", rank=16),
+        "ripieno lometab r=4 materialized": lambda: ours(adapter="lometab", rank=4, compute="materialized"),
+        "ripieno lometab r=4 factored": lambda: ours(adapter="lometab", rank=4, compute="factored"),
+    }
+    timers = {}
+    for name, build in variants.items():
+        model = build().to(device).train()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        _step(model, optimizer, x_num, x_cat, y)  # warm-up (allocations, lazy state)
+        timers[name] = benchmark.Timer("step(model, opt, x_num, x_cat, y)",
+                                       globals={"step": _step, "model": model, "opt": optimizer,
+                                                "x_num": x_num, "x_cat": x_cat, "y": y})
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    names = list(variants)
+    for r in range(args.rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            times[name].append(timers[name].timeit(1).median * 1e3)
+    base = statistics.median(times["tabm package TabM"])
+    print(f"one training step, K={args.k}, d_block={args.d}, {args.blocks} blocks, batch {args.batch}, PLE "
+          f"({args.n_num} features x {args.n_bins} bins), device {device}, torch threads "
+          f"{torch.get_num_threads()}, median of {args.rounds} interleaved rounds")
+    print(f"{'variant':<36} {'ms':>9} {'ratio to tabm':>14}")
+    for name in names:
+        ms = statistics.median(times[name])
+        print(f"{name:<36} {ms:>9.1f} {ms / base:>14.2f}")
+
+
+if __name__ == "__main__":
+    main()
