@@ -108,8 +108,11 @@ def test_validate_and_predict_subcommands(tmp_path, capsys):
     frame = pd.read_csv(tmp_path / "predictions.csv")
     saved = torch.load(tmp_path / "predictions.pt")
     assert len(frame) == 120  # the test split of 600 rows
-    assert list(frame.columns) == ["index", "prediction_0", "prediction_1"]
-    assert np.allclose(frame[["prediction_0", "prediction_1"]].sum(axis=1), 1.0, atol=1e-5)
+    # test-split rows, named by their row number in the 600 sampled rows of the table
+    assert list(frame.columns) == ["row", "proba_no", "proba_yes", "prediction", "member_std", "disagreement"]
+    assert frame["row"].is_unique and frame["row"].between(0, 4999).all()
+    assert np.allclose(frame[["proba_no", "proba_yes"]].sum(axis=1), 1.0, atol=1e-5)
+    assert np.allclose(frame["proba_yes"], saved["prediction"][:, 1].numpy(), atol=1e-6)
     assert saved["member_predictions"].shape == (120, 16, 2)
     assert torch.allclose(saved["member_predictions"].mean(1), saved["prediction"], atol=1e-6)
 
