@@ -25,7 +25,6 @@ import argparse
 import contextlib
 import csv
 import logging
-import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +36,7 @@ from lightning.pytorch.callbacks import Callback
 
 from ripieno.callbacks.diversity_monitor import DiversityMonitor
 from ripieno.framework.cli import RipienoCLI, quiet_cli_notices
+from ripieno.framework.quiet import quiet_lightning as framework_quiet_lightning
 from ripieno.framework.recipes import RecipeNotFoundError, find_recipe
 
 TaskFamily = Literal["classification", "regression"]
@@ -59,7 +59,6 @@ DROPPED_CALLBACKS = ("ModelCheckpoint", "EarlyStopping")
 RESULTS_DIR = Path(__file__).resolve().parents[1] / "docs" / "results"
 """The repository's ``docs/results``: default home of every experiment's outputs."""
 
-_QUIET_LOGGERS = ("lightning.pytorch", "lightning.fabric", "lightning")
 _NOISY_WARNINGS = (
     ".*does not have many workers.*",
     ".*isinstance.treespec, LeafSpec.*",
@@ -318,18 +317,8 @@ def build_run(config_text: str, overrides: Sequence[str]) -> Run:
 @contextlib.contextmanager
 def quiet_lightning() -> Iterator[None]:
     """Silence Lightning's per-run info messages and known harmless warnings."""
-    loggers = [logging.getLogger(name) for name in _QUIET_LOGGERS]
-    levels = [lg.level for lg in loggers]
-    with warnings.catch_warnings():
-        for pattern in _NOISY_WARNINGS:
-            warnings.filterwarnings("ignore", message=pattern)
-        for lg in loggers:
-            lg.setLevel(logging.WARNING)
-        try:
-            yield
-        finally:
-            for lg, level in zip(loggers, levels, strict=True):
-                lg.setLevel(level)
+    with framework_quiet_lightning(logging.WARNING, messages=_NOISY_WARNINGS):
+        yield
 
 
 # ------------------------------------------------------------------------ output

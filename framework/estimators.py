@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import logging
 import tempfile
-import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, ClassVar
 
@@ -34,10 +33,10 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, column_or_1d, validate_data
 from torch.utils.data import DataLoader
 
-from ripieno.framework.members import member_predictions
 from ripieno.framework.methods.tabular_ensemble import TabularEnsembleModule
 from ripieno.framework.nn.embeddings import compute_bins
-from ripieno.framework.tabular_preprocessing import TabularPreprocessingError, TabularPreprocessor
+from ripieno.framework.quiet import quiet_lightning
+from ripieno.framework.tabular_preprocessing import TabularPreprocessor
 from ripieno.framework.tabular_spec import TabularSpec
 
 ADAPTERS: dict[str, dict[str, str]] = {
@@ -57,26 +56,16 @@ def _is_categorical(column: pd.Series) -> bool:
     types = pd.api.types
     return types.is_bool_dtype(column) or not types.is_numeric_dtype(column)
 
-_QUIET = ("lightning.pytorch", "lightning.fabric", "lightning")
 
 
 @contextmanager
-def _quiet_lightning(verbose: bool) -> Any:  # noqa: ANN401
+def _quiet_fit(verbose: bool) -> Iterator[None]:
     """Lightning's info messages and per-fit warnings off while fitting (unless ``verbose``)."""
     if verbose:
         yield
         return
-    loggers = [logging.getLogger(name) for name in _QUIET]
-    levels = [lg.level for lg in loggers]
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", module=r"lightning\..*")
-        for lg in loggers:
-            lg.setLevel(logging.ERROR)
-        try:
-            yield
-        finally:
-            for lg, level in zip(loggers, levels, strict=True):
-                lg.setLevel(level)
+    with quiet_lightning(logging.ERROR, modules=r"lightning\..*"):
+        yield
 
 
 def _collate(rows: list[tuple[Any, ...]]) -> dict[str, torch.Tensor]:
@@ -212,12 +201,9 @@ class _TabularEnsembleEstimator(BaseEstimator):
         numeric = [c for c in frame.columns if c not in categorical]
         self.preprocessor_ = TabularPreprocessor(numeric, categorical, "quantile_normal", self.missing,
                                                  seed=0)
-        try:
-            self.preprocessor_.fit(x_train)
-            train = self.preprocessor_.transform(x_train, what="training rows")
-            val = self.preprocessor_.transform(x_val, what="validation rows")
-        except TabularPreprocessingError as err:
-            raise ValueError(str(err)) from err
+        self.preprocessor_.fit(x_train)  # its errors are ValueErrors naming the column and the fix
+        train = self.preprocessor_.transform(x_train, what="training rows")
+        val = self.preprocessor_.transform(x_val, what="validation rows")
         if train[0].shape[1] + train[1].shape[1] == 0:
             raise ValueError("Every feature of X is constant on the training rows; nothing to learn from.")
         self.model_ = self._train(self._spec(train[0], y_train), train, y_train, val, y_val_enc, seed)
@@ -276,7 +262,7 @@ class _TabularEnsembleEstimator(BaseEstimator):
 
     def _train(self, spec: TabularSpec, train: tuple[np.ndarray, np.ndarray], y_train: np.ndarray,
                val: tuple[np.ndarray, np.ndarray], y_val: np.ndarray, seed: int) -> TabularEnsembleModule:
-        with torch.random.fork_rng(devices=[]), _quiet_lightning(self.verbose), \
+        with torch.random.fork_rng(devices=[]), _quiet_fit(self.verbose), \
                 tempfile.TemporaryDirectory(prefix="ripieno-estimator-") as folder:
             torch.manual_seed(seed)
             model = TabularEnsembleModule(spec, **self._module_kwargs())
@@ -302,21 +288,9 @@ class _TabularEnsembleEstimator(BaseEstimator):
         return model.cpu().eval()
 
     # ------------------------------------------------------------------- predict
-    @torch.no_grad()
     def _member_predictions(self, X: Any) -> torch.Tensor:  # noqa: ANN401, N803
         check_is_fitted(self, "model_")
-        frame = self._frame(X, reset=False)
-        try:
-            x_num, x_cat = self.preprocessor_.transform(frame)
-        except TabularPreprocessingError as err:
-            raise ValueError(str(err)) from err
-        model = self.model_.eval()
-        parts = []
-        for start in range(0, len(frame), 8192):
-            batch = {"x_num": torch.as_tensor(x_num[start:start + 8192]),
-                     "x_cat": torch.as_tensor(x_cat[start:start + 8192])}
-            parts.append(member_predictions(model.forward_members(batch), model.member_output_kind))
-        return torch.cat(parts)
+        return self.model_.predict_members(self._frame(X, reset=False), batch_size=8192)
 
 
 class EnsembleClassifier(ClassifierMixin, _TabularEnsembleEstimator):

@@ -46,6 +46,33 @@ class TabularPredictionMixin:
                                 self.to_original_units if regression else None)  # type: ignore[attr-defined]
 
     @torch.no_grad()
+    def predict_members(self, frame: pd.DataFrame, batch_size: int = 4096) -> Tensor:
+        """Member predictions of raw rows: probabilities ``(N, K, C)`` or values ``(N, K)``.
+
+        Regression values are in the modelled target's units (``prediction_frame`` maps
+        them to the original ones). Columns are found by name, as in ``predict_frame``.
+
+        Args:
+            frame: the rows.
+            batch_size: rows per forward pass.
+        """
+        if len(frame) == 0:
+            raise ValueError("Got an empty table; give at least one row to predict.")
+        x_num, x_cat = self.preprocessor.transform(frame)
+        device = next(self.parameters()).device  # type: ignore[attr-defined]
+        was_training = self.training  # type: ignore[attr-defined]
+        self.eval()  # type: ignore[attr-defined]
+        try:
+            parts = []
+            for start in range(0, len(frame), batch_size):
+                batch = {"x_num": torch.as_tensor(x_num[start:start + batch_size], device=device),
+                         "x_cat": torch.as_tensor(x_cat[start:start + batch_size], device=device)}
+                outputs = self.forward_members(batch)  # type: ignore[attr-defined]
+                parts.append(member_predictions(outputs, self.member_output_kind).cpu())  # type: ignore[attr-defined]
+        finally:
+            self.train(was_training)  # type: ignore[attr-defined]
+        return torch.cat(parts)
+
     def predict_frame(self, frame: pd.DataFrame, batch_size: int = 4096) -> pd.DataFrame:
         """Predict raw rows: one output row per input row, in input order, index kept.
 
@@ -60,24 +87,11 @@ class TabularPredictionMixin:
             frame: the rows, as read from the user's CSV/Parquet file.
             batch_size: rows per forward pass.
         """
-        if len(frame) == 0:
-            raise ValueError("predict_frame got an empty table; give at least one row.")
-        spec, pre = self.spec, self.preprocessor
-        pre.note_extra_columns(frame, expected=[c for c in (spec.target_name, spec.id_column) if c])
-        x_num, x_cat = pre.transform(frame)
-        device = next(self.parameters()).device  # type: ignore[attr-defined]
-        was_training = self.training  # type: ignore[attr-defined]
-        self.eval()  # type: ignore[attr-defined]
-        try:
-            parts = []
-            for start in range(0, len(frame), batch_size):
-                batch = {"x_num": torch.as_tensor(x_num[start:start + batch_size], device=device),
-                         "x_cat": torch.as_tensor(x_cat[start:start + batch_size], device=device)}
-                outputs = self.forward_members(batch)  # type: ignore[attr-defined]
-                parts.append(member_predictions(outputs, self.member_output_kind).cpu())  # type: ignore[attr-defined]
-        finally:
-            self.train(was_training)  # type: ignore[attr-defined]
-        table = self.prediction_frame(torch.cat(parts))
+        spec = self.spec
+        if len(frame):
+            self.preprocessor.note_extra_columns(
+                frame, expected=[c for c in (spec.target_name, spec.id_column) if c])
+        table = self.prediction_frame(self.predict_members(frame, batch_size))
         if spec.id_column is not None and spec.id_column in frame.columns:
             insert_ids(table, spec.id_column, frame[spec.id_column].tolist())
         else:
