@@ -18,16 +18,24 @@ Time
     the package's TabM, measured side by side in this one process with the thread count
     printed.
 
-Where LoMETab's remaining gap comes from
+Where LoMETab's cost goes, and what is left of the gap
     TabM's member weight is never formed: ``((x * r_k) @ W^T) * s_k`` costs one shared
     GEMM. LoMETab's ``W * (1 + A_k B_k^T)`` cannot be factored that way for r > 1: the
-    ``materialized`` order builds the ``(K, out, in)`` member weights (a pass to form
-    ``A_k B_k^T`` and the product with ``W``, a batched GEMM, and in backward passes over the
-    same ``(K, out, in)`` tensors for the gradients of ``A_k``, ``B_k`` and ``W``), while the
-    ``factored`` order runs ``rank + 1`` shared GEMMs on inputs scaled by the columns of
-    ``B_k`` (about ``rank + 1`` times TabM's multiply-adds). ``auto`` picks between the two
-    by shape; at batch 256 and K=32 the passes over the 32 x 512 x 512 member weights (32 MiB
-    each in float32) are what a ratio above 1 measures.
+    ``materialized`` order builds the ``(K, out, in)`` member weights, runs batched GEMMs
+    on them, and in backward needs the ``(K, out, in)`` member-weight gradients for the
+    gradients of ``A_k``, ``B_k`` and ``W``. Its GEMMs do the same multiply-adds as TabM's
+    (measured alike, about 28 ms each per 512 x 512 layer here); what LoMETab adds is
+    about six elementwise passes over ``(K, out, in)`` tensors per layer and the thin
+    rank-r products. Formed for all 32 members at once these are 32 MiB each and went to
+    DRAM and back on every pass (a 1.25x-1.33x step before); ``_LoMEMatmul`` now forms
+    them two members (2 MiB) at a time so each pass hits cache, and runs the thin
+    gradient products of ``A_k``, ``B_k`` with the rank as the GEMM's rows (5-7x faster
+    in the CPU BLAS than the other orientation). What remains (a few percent, within the
+    run-to-run noise of this machine) is those cache-resident passes, the rank-r
+    products and one ``torch.cat`` of the output per layer (kept so that ``vmap`` can
+    run the forward). The ``factored`` order runs ``rank + 1`` shared GEMMs on inputs
+    scaled by the columns of ``B_k`` (about ``rank + 1`` times TabM's multiply-adds);
+    ``auto`` picks it only for small ``batch * (rank + 1)``.
 
 Run: ``python bench/tabm_full_model.py`` (``make bench`` runs it with the others).
 """

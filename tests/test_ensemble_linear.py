@@ -9,7 +9,14 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, jvp, vmap
 
-from ripieno.framework.nn.ensemble_linear import ADAPTERS, EnsembleLinear, _LoMEMatmul, init_scaling_
+from ripieno.framework.nn.ensemble_linear import (
+    ADAPTERS,
+    CPU_CHUNK_ELEMENTS,
+    EnsembleLinear,
+    _LoMEMatmul,
+    init_scaling_,
+    lometab_member_chunk,
+)
 from ripieno.framework.nn.tabular_backbone import TabularEnsembleNet
 
 D = torch.float64
@@ -144,38 +151,87 @@ def test_lowrank_adapters_equal_explicit_forward_and_grads(adapter, compute, bat
 
 def test_lometab_auto_switches_evaluation_order():
     layer = EnsembleLinear(5, 4, 3, adapter="lometab", rank=3)
-    assert layer.uses_factored(32) and not layer.uses_factored(33)
+    assert layer.uses_factored(16) and not layer.uses_factored(17)
     assert EnsembleLinear(5, 4, 3, compute="factored").uses_factored(10_000)
     assert not EnsembleLinear(5, 4, 3, compute="materialized").uses_factored(1)
 
 
-def lome_inputs(k=2, b=3, d_in=4, d_out=3, rank=2):
+def lome_inputs(k=3, b=3, d_in=4, d_out=3, rank=2, chunk=3):
     torch.manual_seed(0)
     shapes = [(k, b, d_in), (d_out, d_in), (k, d_out, rank), (k, d_in, rank)]
-    return tuple(torch.randn(*s, dtype=D, requires_grad=True) for s in shapes)
+    return (*(torch.randn(*s, dtype=D, requires_grad=True) for s in shapes), chunk)
 
 
-def lome_reference(x, w, a, b):
+def lome_reference(x, w, a, b, chunk=None):
     return torch.bmm(x, (w * (1.0 + a @ b.transpose(1, 2))).transpose(1, 2))
 
 
-def test_lome_matmul_forward_and_gradcheck():
-    inputs = lome_inputs()
+# chunk 1 and 2 of K=3 members: one member per pass, and a last pass shorter than the others.
+CHUNKS = [1, 2, 3]
+
+
+@pytest.mark.parametrize("chunk", CHUNKS)
+def test_lome_matmul_forward_and_gradcheck(chunk):
+    inputs = lome_inputs(chunk=chunk)
     torch.testing.assert_close(_LoMEMatmul.apply(*inputs), lome_reference(*inputs), rtol=1e-12, atol=1e-12)
     assert torch.autograd.gradcheck(_LoMEMatmul.apply, inputs)
 
 
+@pytest.mark.parametrize("rank", [1, 2])  # rank 1 forms A_k B_k^T as a broadcast product
+@pytest.mark.parametrize("chunk", CHUNKS)
+@pytest.mark.parametrize("create_graph", [False, True])
+def test_lome_matmul_grads_equal_autograd_of_definition(chunk, create_graph, rank):
+    # Both backward paths (in-place for a plain backward, out of place under create_graph),
+    # every subset of needed inputs (the first layer needs no input gradient).
+    inputs = lome_inputs(chunk=chunk, rank=rank)
+    tensors = inputs[:4]
+    grad_y = torch.randn(3, 3, 3, dtype=D)
+    expected = torch.autograd.grad(lome_reference(*tensors), tensors, grad_y)
+    for wanted in ([0, 1, 2, 3], [1, 2, 3], [0], [2]):
+        got = torch.autograd.grad(_LoMEMatmul.apply(*inputs), [tensors[i] for i in wanted], grad_y,
+                                  create_graph=create_graph)
+        for i, g in zip(wanted, got, strict=True):
+            torch.testing.assert_close(g, expected[i], rtol=1e-12, atol=1e-12)
+
+
 def test_lome_matmul_gradcheck_forward_mode():
-    inputs = lome_inputs()
+    inputs = lome_inputs(chunk=2)
     assert torch.autograd.gradcheck(
         _LoMEMatmul.apply, inputs, check_forward_ad=True, check_backward_ad=False,
         check_undefined_grad=False, check_batched_grad=False,
     )
 
 
-def test_lome_matmul_double_backward():
+@pytest.mark.parametrize(("chunk", "rank"), [(1, 2), (2, 2), (3, 2), (2, 1)])
+def test_lome_matmul_double_backward(chunk, rank):
     # Double backward (gradient penalties, autograd.grad(create_graph=True) twice).
-    assert torch.autograd.gradgradcheck(_LoMEMatmul.apply, lome_inputs())
+    assert torch.autograd.gradgradcheck(_LoMEMatmul.apply, lome_inputs(chunk=chunk, rank=rank))
+
+
+def test_lometab_member_chunk_fits_the_cpu_budget():
+    cpu = torch.device("cpu")
+    assert lometab_member_chunk(32, 512, 512, cpu) == CPU_CHUNK_ELEMENTS // (512 * 512)
+    assert lometab_member_chunk(32, 4096, 4096, cpu) == 1  # one member over budget: still 1
+    assert lometab_member_chunk(5, 8, 8, cpu) == 5  # never more than K
+    assert lometab_member_chunk(32, 512, 512, torch.device("meta")) == 32  # accelerators: one pass
+
+
+def test_lometab_layer_with_chunked_members_equals_explicit(monkeypatch):
+    # A budget of two member weights: K=5 runs in passes of 2, 2, 1 inside a whole layer.
+    import ripieno.framework.nn.ensemble_linear as el
+
+    monkeypatch.setattr(el, "CPU_CHUNK_ELEMENTS", 2 * 4 * 5)
+    assert el.lometab_member_chunk(5, 4, 5, torch.device("cpu")) == 2
+    torch.manual_seed(0)
+    layer = lowrank_layer("lometab", "materialized", k=5)
+    x = torch.randn(6, 5, 5, dtype=D, requires_grad=True)
+    params = [x, *(getattr(layer, n) for n in PARAM_NAMES)]
+    grad_y = torch.randn(6, 5, 4, dtype=D)
+    y = layer(x)
+    y_ref = explicit("lometab", *params)
+    torch.testing.assert_close(y, y_ref, rtol=1e-12, atol=1e-12)
+    for g, g_ref in zip(grads(y, params, grad_y), grads(y_ref, params, grad_y), strict=True):
+        torch.testing.assert_close(g, g_ref, rtol=1e-12, atol=1e-12)
 
 
 def test_lometab_jvp_equals_explicit():

@@ -143,52 +143,141 @@ def adapter_factor_std(adapter: str, adapter_init: str, rank: int, sigma_init: f
     return std
 
 
+#: Elements of one ``(chunk, out, in)`` temporary of ``_LoMEMatmul`` on CPU (2 MiB in float32).
+CPU_CHUNK_ELEMENTS = 2**19
+
+
+def lometab_member_chunk(k: int, out_features: int, in_features: int, device: torch.device) -> int:
+    """Members per pass of the ``materialized`` LoMETab product (``_LoMEMatmul``).
+
+    On CPU the member weights ``W * (1 + A_k B_k^T)`` and the gradient temporaries of the
+    same ``(K, out, in)`` shape are formed a few members at a time, so that each stays in
+    cache between the elementwise pass that makes it and the GEMM that reads it (one
+    512 x 512 member weight is 1 MiB in float32; all K=32 of them, 32 MiB, go to DRAM and
+    back on every pass). ``CPU_CHUNK_ELEMENTS`` (2 MiB of float32, two such members) was
+    the fastest of 1, 2, 4, 8 and 16 members per pass for one 512 x 512 layer (K=32,
+    batch 256, forward and backward) on this 2-core EPYC (L2 1 MiB per core, L3 32 MiB);
+    4 members were within noise of it, 16 were 13% slower. On other devices all members
+    go in one pass (not measured here, no GPU was at hand: a GPU's memory bandwidth makes
+    the passes cheap, and every chunk would add kernel launches).
+
+    Args:
+        k: number of members.
+        out_features: rows of ``W``.
+        in_features: columns of ``W``.
+        device: where the product runs.
+
+    Returns:
+        A chunk size in ``[1, k]``.
+
+    Example:
+        >>> lometab_member_chunk(32, 512, 512, torch.device("cpu"))
+        2
+        >>> lometab_member_chunk(32, 64, 64, torch.device("cpu"))
+        32
+    """
+    if device.type != "cpu":
+        return k
+    return max(1, min(k, CPU_CHUNK_ELEMENTS // (out_features * in_features)))
+
+
+def _low_rank(a: Tensor, b: Tensor) -> Tensor:
+    """``A_k B_k^T`` for the members in ``a`` ``(k, out, r)``, ``b`` ``(k, in, r)``.
+
+    Rank 1 is a broadcast outer product: the same single multiplication per entry, which
+    the CPU BLAS runs about 20x slower as a ``bmm`` with an inner size of 1.
+    """
+    if a.shape[-1] == 1:
+        return a * b.transpose(1, 2)
+    return torch.bmm(a, b.transpose(1, 2))
+
+
+def _member_weights(w: Tensor, a: Tensor, b: Tensor) -> Tensor:
+    """``W * (1 + A_k B_k^T)`` for the members in ``a``, ``b``: ``(k, out, in)``."""
+    return torch.addcmul(w, _low_rank(a, b), w)
+
+
+def _thin_product(g: Tensor, factor: Tensor) -> Tensor:
+    """``g @ factor`` for ``g`` ``(k, p, q)`` and a thin ``factor`` ``(k, q, r)``.
+
+    Computed as ``(factor^T g^T)^T``: with the rank ``r`` as the rows of the GEMM rather
+    than its columns, the CPU BLAS runs it 5-7x faster at ``p = q = 512``, ``r = 4``
+    (the gradients of ``A_k`` and ``B_k``; the result is the same product).
+    """
+    return torch.bmm(factor.transpose(1, 2), g.transpose(1, 2)).transpose(1, 2)
+
+
 class _LoMEMatmul(torch.autograd.Function):
     """``y_k = x_k (W * (1 + A_k B_k^T))^T`` for all members, with hand-written derivatives.
 
-    Plain autograd keeps several ``(K, out, in)`` temporaries alive and runs about twice
-    as many memory-bound passes; this Function saves only its inputs, recomputes
-    ``A_k B_k^T`` (a cheap rank-r product) in backward, fuses the elementwise passes
-    with ``addcmul`` and skips the gradients autograd does not need (the first layer's
-    input). It supports double backward, forward mode (``jvp``) and ``torch.func``
-    transforms.
+    Inputs ``x`` ``(K, B, in)``, ``w`` ``(out, in)``, ``a`` ``(K, out, r)``, ``b``
+    ``(K, in, r)`` and ``chunk``, the number of members formed per pass
+    (``lometab_member_chunk``). Plain autograd keeps several ``(K, out, in)``
+    temporaries alive and runs about twice as many memory-bound passes over them; this
+    Function saves only its inputs, forms ``chunk`` member weights at a time (in
+    backward too, recomputing the rank-r product ``A_k B_k^T``, which is cheap, while the
+    chunk is in cache), fuses the elementwise passes, runs the thin gradient products of
+    ``A_k``, ``B_k`` in the orientation the BLAS is fast at (``_thin_product``) and skips
+    the gradients autograd does not need (the first layer's input). A plain backward
+    writes the gradients into preallocated tensors with in-place updates; under
+    ``create_graph=True`` (double backward, ``torch.func.grad``) the same chunks run as
+    differentiable out-of-place operations. It supports double backward, forward mode
+    (``jvp``) and ``torch.func`` transforms.
     """
 
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(x: Tensor, w: Tensor, a: Tensor, b: Tensor) -> Tensor:  # x: (K, B, in)
-        m = torch.bmm(a, b.transpose(1, 2))  # (K, out, in)
-        return torch.bmm(x, torch.addcmul(w, m, w).transpose(1, 2))  # out of place: vmap
+    def forward(x: Tensor, w: Tensor, a: Tensor, b: Tensor, chunk: int) -> Tensor:
+        k = x.shape[0]
+        if chunk >= k:
+            return torch.bmm(x, _member_weights(w, a, b).transpose(1, 2))
+        return torch.cat([  # out of place (no out=): vmap runs this forward on batched tensors
+            torch.bmm(x[s:s + chunk], _member_weights(w, a[s:s + chunk], b[s:s + chunk]).transpose(1, 2))
+            for s in range(0, k, chunk)
+        ])
 
     @staticmethod
-    def setup_context(ctx, inputs: tuple[Tensor, ...], output: Tensor) -> None:  # noqa: ANN001
-        x, w, a, b = inputs
+    def setup_context(ctx, inputs: tuple, output: Tensor) -> None:  # noqa: ANN001
+        x, w, a, b, chunk = inputs
         ctx.save_for_backward(x, w, a, b)
         ctx.save_for_forward(x, w, a, b)
+        ctx.chunk = chunk
 
     @staticmethod
     def backward(ctx, grad_y: Tensor) -> tuple[Tensor | None, ...]:  # noqa: ANN001
         x, w, a, b = ctx.saved_tensors
-        need_x, need_w, need_a, need_b = ctx.needs_input_grad
+        need_x, need_w, need_a, need_b, _ = ctx.needs_input_grad
         grad_y = grad_y.to(x.dtype)
-        m = torch.bmm(a, b.transpose(1, 2))
-        grad_x = torch.bmm(grad_y, torch.addcmul(w, m, w)) if need_x else None
-        grad_w = grad_a = grad_b = None
-        if need_w or need_a or need_b:
-            grad_member_w = torch.bmm(grad_y.transpose(1, 2), x)  # (K, out, in)
-            if need_w:
-                grad_w = torch.addcmul(grad_member_w, grad_member_w, m).sum(0)
-            if need_a or need_b:
-                grad_m = grad_member_w * w  # not in place: double backward needs grad_member_w
-                grad_a = torch.bmm(grad_m, b) if need_a else None
-                grad_b = torch.bmm(grad_m.transpose(1, 2), a) if need_b else None
-        return grad_x, grad_w, grad_a, grad_b
+        if torch.is_grad_enabled():  # create_graph=True: every operation must be differentiable
+            return (*_lome_backward_differentiable(x, w, a, b, grad_y, ctx.chunk,
+                                                   (need_x, need_w, need_a, need_b)), None)
+        k, chunk = x.shape[0], ctx.chunk
+        grad_x = torch.empty_like(x) if need_x else None
+        grad_w = torch.zeros_like(w) if need_w else None
+        grad_a = torch.empty_like(a) if need_a else None
+        grad_b = torch.empty_like(b) if need_b else None
+        for s in range(0, k, chunk):
+            e = min(s + chunk, k)
+            one_plus_m = _low_rank(a[s:e], b[s:e]).add_(1.0)  # (c, out, in)
+            if need_x:
+                torch.bmm(grad_y[s:e], one_plus_m * w, out=grad_x[s:e])
+            if need_w or need_a or need_b:
+                grad_member_w = torch.bmm(grad_y[s:e].transpose(1, 2), x[s:e])  # (c, out, in)
+                if need_a or need_b:
+                    grad_m = grad_member_w * w
+                    if need_a:
+                        grad_a[s:e] = _thin_product(grad_m, b[s:e])
+                    if need_b:
+                        grad_b[s:e] = _thin_product(grad_m.transpose(1, 2), a[s:e])
+                if need_w:
+                    grad_w.add_(grad_member_w.mul_(one_plus_m).sum(0))
+        return grad_x, grad_w, grad_a, grad_b, None
 
     @staticmethod
-    def jvp(ctx, dx: Tensor, dw: Tensor, da: Tensor, db: Tensor) -> Tensor:  # noqa: ANN001
+    def jvp(ctx, dx: Tensor, dw: Tensor, da: Tensor, db: Tensor, _: None) -> Tensor:  # noqa: ANN001
         x, w, a, b = ctx.saved_tensors
-        m = torch.bmm(a, b.transpose(1, 2))
+        m = _low_rank(a, b)
         d_member_w = torch.addcmul(dw, m, dw) + w * (
             torch.bmm(da, b.transpose(1, 2)) + torch.bmm(a, db.transpose(1, 2))
         )
@@ -197,17 +286,46 @@ class _LoMEMatmul(torch.autograd.Function):
         )
 
 
+def _lome_backward_differentiable(x: Tensor, w: Tensor, a: Tensor, b: Tensor, grad_y: Tensor,
+                                  chunk: int, needs: tuple[bool, bool, bool, bool]
+                                  ) -> tuple[Tensor | None, ...]:
+    """``_LoMEMatmul``'s backward in out-of-place operations, for ``create_graph=True``."""
+    need_x, need_w, need_a, need_b = needs
+    parts: dict[str, list[Tensor]] = {"x": [], "w": [], "a": [], "b": []}
+    for s in range(0, x.shape[0], chunk):
+        xs, ys, as_, bs = x[s:s + chunk], grad_y[s:s + chunk], a[s:s + chunk], b[s:s + chunk]
+        m = _low_rank(as_, bs)
+        if need_x:
+            parts["x"].append(torch.bmm(ys, torch.addcmul(w, m, w)))
+        if need_w or need_a or need_b:
+            grad_member_w = torch.bmm(ys.transpose(1, 2), xs)
+            if need_w:
+                parts["w"].append(torch.addcmul(grad_member_w, grad_member_w, m).sum(0))
+            grad_m = grad_member_w * w
+            if need_a:
+                parts["a"].append(_thin_product(grad_m, bs))
+            if need_b:
+                parts["b"].append(_thin_product(grad_m.transpose(1, 2), as_))
+    return (
+        torch.cat(parts["x"]) if need_x else None,
+        torch.stack(parts["w"]).sum(0) if need_w else None,
+        torch.cat(parts["a"]) if need_a else None,
+        torch.cat(parts["b"]) if need_b else None,
+    )
+
+
 def _lometab_matmul(x: Tensor, w: Tensor, a: Tensor, b: Tensor) -> Tensor:
     """Run ``_LoMEMatmul`` on ``(B, K, in)`` inputs, honouring autocast by explicit casts."""
     device_type = x.device.type
+    chunk = lometab_member_chunk(x.shape[1], w.shape[0], w.shape[1], x.device)
     if torch.is_autocast_enabled(device_type):
         dtype = torch.get_autocast_dtype(device_type)
         with torch.autocast(device_type, enabled=False):
             y = _LoMEMatmul.apply(
-                x.transpose(0, 1).to(dtype), w.to(dtype), a.to(dtype), b.to(dtype)
+                x.transpose(0, 1).to(dtype), w.to(dtype), a.to(dtype), b.to(dtype), chunk
             )
     else:
-        y = _LoMEMatmul.apply(x.transpose(0, 1), w, a, b)
+        y = _LoMEMatmul.apply(x.transpose(0, 1), w, a, b, chunk)
     return y.transpose(0, 1)
 
 
@@ -257,7 +375,8 @@ class EnsembleLinear(nn.Module):
         input ``(B, K, in_features)``, output ``(B, K, out_features)``.
 
     ``lometab`` has two exact evaluation orders: ``materialized`` builds the K member
-    weights ``W * (1 + A_k B_k^T)`` and runs one batched matmul; ``factored`` runs
+    weights ``W * (1 + A_k B_k^T)`` and runs batched matmuls on them (on CPU a few
+    members at a time, ``lometab_member_chunk``); ``factored`` runs
     ``rank + 1`` shared matmuls on inputs scaled by the columns of ``B_k`` and
     recombines them with ``A_k`` (never forming K weights). ``auto`` picks by shape: the
     factored form costs about ``batch * rank`` extra multiply-adds per weight entry, the
@@ -385,9 +504,10 @@ class EnsembleLinear(nn.Module):
         if self.compute != "auto":
             return self.compute == "factored"
         # Both costs scale with K*out*in: materialised ~ c1 + c2*batch, factored
-        # ~ c3*batch*(rank+1); measured crossover (bench/ensemble_linear.py, CPU, K=32,
-        # d=512, ranks 1-16) at batch*(rank+1) of about 120-130 for every rank.
-        return batch_size * (self.rank + 1) <= 128
+        # ~ c3*batch*(rank+1); measured crossover (one layer fwd+bwd, CPU, K=32, d=512,
+        # ranks 1-16, with the member-chunked _LoMEMatmul) at batch*(rank+1) of about
+        # 64-72 for every rank (it was 120-130 before chunking made c1 smaller).
+        return batch_size * (self.rank + 1) <= 64
 
     def forward(self, x: Tensor) -> Tensor:
         """Map ``(B, K, in_features)`` to ``(B, K, out_features)``."""
