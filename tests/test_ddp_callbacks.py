@@ -1,10 +1,9 @@
 """The M-cover and GeoReg callbacks under ddp_spawn: every rank ends with the same state."""
 
-import atexit
-
 import lightning as L
 import pytest
 import torch
+from ddp_helpers import DestroyGlooAtExit
 from transformers import BertConfig, BertModel
 
 from ripieno.callbacks import ElasticAveraging, GeoReg, ReplicaCoupling, RoutingResampler
@@ -24,18 +23,6 @@ class _GatherState(L.Callback):
                     for name, fn in self.tensors.items()}
         if trainer.is_global_zero:
             torch.save(gathered, self.path)
-
-
-class _DestroyGlooAtExit(L.Callback):
-    """Destroy the gloo process group in each worker before interpreter shutdown.
-
-    Lightning registers this only for nccl; left to garbage collection at exit, gloo's threads
-    sometimes abort the worker ("terminate called without an active exception").
-    """
-
-    def teardown(self, trainer, pl_module, stage):
-        if torch.distributed.is_initialized():
-            atexit.register(torch.distributed.destroy_process_group)
 
 
 def _copy_weights(module, trainer):
@@ -62,7 +49,7 @@ def _train_isotropy(module, trainer):
 def _ddp(tmp_path, callbacks, epochs=1):
     return L.Trainer(accelerator="cpu", devices=2, strategy="ddp_spawn", max_epochs=epochs, logger=False,
                      enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False,
-                     default_root_dir=str(tmp_path), callbacks=[*callbacks, _DestroyGlooAtExit()])
+                     default_root_dir=str(tmp_path), callbacks=[*callbacks, DestroyGlooAtExit()])
 
 
 @pytest.mark.slow

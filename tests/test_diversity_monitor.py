@@ -6,6 +6,7 @@ import lightning as L
 import numpy as np
 import pytest
 import torch
+from ddp_helpers import DestroyGlooAtExit
 from scipy.special import softmax
 from scipy.stats import entropy
 from torch import nn
@@ -52,11 +53,10 @@ def _reference(model, data):
     return kl, dis
 
 
-def _trainer(tmp_path, **kwargs):
+def _trainer(tmp_path, extra_callbacks=(), **kwargs):
     return L.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False,
-                     enable_model_summary=False, enable_checkpointing=False,
-                     default_root_dir=tmp_path, callbacks=[DiversityMonitor(output_kind="logits")],
-                     **kwargs)
+                     enable_model_summary=False, enable_checkpointing=False, default_root_dir=tmp_path,
+                     callbacks=[DiversityMonitor(output_kind="logits"), *extra_callbacks], **kwargs)
 
 
 def test_user_module_diversity_matches_scipy(tmp_path):
@@ -71,7 +71,7 @@ def test_user_module_diversity_matches_scipy(tmp_path):
 def test_ddp_two_processes_log_the_same_numbers(tmp_path):
     data = _data(64)  # divisible by 2 ranks x batch 8: DistributedSampler adds no padding
     single = _trainer(tmp_path, devices=1).validate(UserEnsemble(), DataLoader(data, batch_size=8))[0]
-    ddp = _trainer(tmp_path, devices=2, strategy="ddp_spawn").validate(
+    ddp = _trainer(tmp_path, devices=2, strategy="ddp_spawn", extra_callbacks=[DestroyGlooAtExit()]).validate(
         UserEnsemble(), DataLoader(data, batch_size=8))[0]
     for name in ("diversity/val/pairwise_kl", "diversity/val/disagreement"):
         assert ddp[name] == pytest.approx(single[name], rel=1e-5), name

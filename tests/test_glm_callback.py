@@ -6,6 +6,7 @@ import lightning as L
 import numpy as np
 import pytest
 import torch
+from ddp_helpers import DestroyGlooAtExit
 from scipy.special import logsumexp, softmax
 from torch import nn
 from torch.utils.data import DataLoader
@@ -321,7 +322,7 @@ def test_ddp_test_equals_one_process(tmp_path):
     single = L.Trainer(logger=False, enable_progress_bar=False, callbacks=[LastLayerSampler(n_samples=4)])
     one = single.test(model, datamodule=data, verbose=False)[0]
     ddp = L.Trainer(accelerator="cpu", devices=2, strategy="ddp_spawn", logger=False,
-                    enable_progress_bar=False, callbacks=[LastLayerSampler(n_samples=4)],
+                    enable_progress_bar=False, callbacks=[LastLayerSampler(n_samples=4), DestroyGlooAtExit()],
                     default_root_dir=tmp_path)
     two = ddp.test(model, datamodule=data, verbose=False)[0]
     for name in ("uq/test/nll", "uq/test/ece", "uq/test/accuracy", "uq/test/varroc_id"):
@@ -362,7 +363,8 @@ def test_baseline_ddp_test_equals_one_process(tmp_path, kind, rel):
     single = L.Trainer(logger=False, enable_progress_bar=False, callbacks=[callback])
     one = single.test(model, datamodule=data, verbose=False)[0]
     ddp = L.Trainer(accelerator="cpu", devices=2, strategy="ddp_spawn", logger=False,
-                    enable_progress_bar=False, callbacks=[callback], default_root_dir=tmp_path)
+                    enable_progress_bar=False, callbacks=[callback, DestroyGlooAtExit()],
+                    default_root_dir=tmp_path)
     two = ddp.test(model, datamodule=data, verbose=False)[0]
     # 40 test points: ECE and accuracy of MC draws jump by whole points; compare NLL only there.
     names = ("uq/test/nll",) if kind == "laplace" else ("uq/test/nll", "uq/test/ece", "uq/test/accuracy",

@@ -3,6 +3,7 @@
 import lightning as L
 import pytest
 import torch
+from ddp_helpers import DestroyGlooAtExit
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from ripieno.callbacks import DiversityMonitor, ElasticAveraging, ReplicaCoupling, RoutingResampler
@@ -163,7 +164,8 @@ def test_ddp_ranks_route_identically(tmp_path):
     model = _model(dm)
     trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp_spawn", max_epochs=1, logger=False,
                         enable_progress_bar=False, enable_checkpointing=False, default_root_dir=str(tmp_path),
-                        callbacks=[RoutingResampler(every_n_steps=1, seed=5), _BankRecorder()])
+                        callbacks=[RoutingResampler(every_n_steps=1, seed=5), _BankRecorder(),
+                                   DestroyGlooAtExit()])
     trainer.fit(model, datamodule=dm)
     saved = torch.load(tmp_path / "banks.pt")
     assert torch.equal(saved["banks"][0], saved["banks"][1])

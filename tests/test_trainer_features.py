@@ -5,6 +5,7 @@ import importlib.util
 import lightning as L
 import pytest
 import torch
+from ddp_helpers import DestroyGlooAtExit
 
 from ripieno.callbacks import DiversityMonitor
 from ripieno.datamodules import TabularDataModule
@@ -18,7 +19,8 @@ def _fit(tmp_path, **trainer_kwargs):
     model = TabularEnsembleModule(dm.spec, k=4, d_block=32, adapter="lometab")
     trainer = L.Trainer(max_epochs=1, logger=False, enable_progress_bar=False,
                         enable_model_summary=False, enable_checkpointing=False,
-                        default_root_dir=tmp_path, callbacks=[DiversityMonitor()], **trainer_kwargs)
+                        default_root_dir=tmp_path, callbacks=[DiversityMonitor(), DestroyGlooAtExit()],
+                        **trainer_kwargs)
     trainer.fit(model, datamodule=dm)
     return trainer, model, dm
 
@@ -63,7 +65,7 @@ def test_prediction_writer_under_ddp_covers_every_row_once(tmp_path):
     model = TabularEnsembleModule(dm.spec, k=3, d_block=16)
     trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp_spawn", logger=False,
                         enable_progress_bar=False, default_root_dir=tmp_path,
-                        callbacks=[MemberPredictionWriter(output_dir=str(tmp_path))])
+                        callbacks=[MemberPredictionWriter(output_dir=str(tmp_path)), DestroyGlooAtExit()])
     trainer.predict(model, datamodule=dm, return_predictions=False)
     parts = [torch.load(tmp_path / f"predictions_rank{r}.pt") for r in (0, 1)]
     index = torch.cat([p["index"] for p in parts])
