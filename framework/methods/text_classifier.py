@@ -1,10 +1,25 @@
-"""TextClassifier: GPT-2 with a classification head, for the uncertainty experiments.
+"""TextClassifier: any Hugging Face text backbone with a classification head.
 
-Loads a ``GPT2Model`` from a local ``save_pretrained`` directory (the path real weights
-take; nothing is downloaded), or builds a small GPT-2 from a config with random weights
-when no directory is given (no GPT-2 weights ship offline). The hidden state of the last
-non-padding token goes through dropout and ``head`` (an ``nn.Linear``): pooling happens
-before the head, so ``LastLayerSampler`` sees one feature vector per text.
+Loads the backbone with ``AutoModel.from_pretrained(pretrained_dir, local_files_only=True)``
+from a local ``save_pretrained`` folder, so encoders (BERT, RoBERTa, MiniLM, ...) and
+decoders (GPT-2, Llama-family, ...) load alike and nothing is downloaded; without a folder
+it builds a small GPT-2 from a config with random weights (no GPT-2 weights ship offline).
+The backbone's last hidden states are pooled to one vector per text, which goes through
+dropout and ``head`` (an ``nn.Linear``): pooling happens before the head, so
+``LastLayerSampler`` sees one feature vector per text.
+
+Pooling (``pooling``):
+
+* ``cls``: the first position (the ``[CLS]`` / ``<s>`` token of encoders);
+* ``mean``: the mean over real tokens (``attention_mask == 1``), the sentence-embedding
+  convention of MiniLM-style models;
+* ``last``: the last real token of each text, wherever the padding is (left or right);
+* ``auto`` (default): ``last`` for decoder-only models and ``cls`` for the rest, the same
+  choice as Hugging Face's own ``*ForSequenceClassification`` heads (GPT-2 and Llama score
+  the last non-padding token, BERT and RoBERTa the first token). A model counts as
+  decoder-only when its ``model_type`` has a causal-LM class in ``transformers`` and no
+  masked-LM class (BERT and RoBERTa have both and count as encoders).
+
 Batches are ``{"input_ids", "attention_mask", "y"}`` (``ripieno.datamodules.TextDataModule``);
 the model input is the dict of the first two.
 """
@@ -12,7 +27,7 @@ the model input is the dict of the first two.
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from lightning.pytorch.utilities import rank_zero_info
@@ -22,21 +37,116 @@ from ripieno.framework.methods.member_module import MemberModule
 from ripieno.framework.text_spec import TextSpec
 
 INPUT_KEYS = ("input_ids", "attention_mask")
+TextPooling = Literal["auto", "cls", "mean", "last"]
+TEXT_POOLINGS: tuple[str, ...] = ("auto", "cls", "mean", "last")
+
+
+def is_decoder_only(config: Any) -> bool:  # noqa: ANN401
+    """Whether a Hugging Face config describes a decoder-only (causal) language model.
+
+    Args:
+        config: a ``PretrainedConfig``.
+
+    Returns:
+        ``True`` when ``config.model_type`` has a causal-LM class in ``transformers`` and
+        no masked-LM class, or the config says ``is_decoder``.
+
+    Example:
+        >>> from transformers import BertConfig, GPT2Config
+        >>> is_decoder_only(GPT2Config()), is_decoder_only(BertConfig())
+        (True, False)
+    """
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        MODEL_FOR_MASKED_LM_MAPPING_NAMES,
+    )
+
+    if getattr(config, "is_encoder_decoder", False):
+        return False
+    model_type = getattr(config, "model_type", None)
+    if bool(getattr(config, "is_decoder", False)):
+        return True
+    causal = model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    return causal and model_type not in MODEL_FOR_MASKED_LM_MAPPING_NAMES
+
+
+def resolve_pooling(pooling: str, config: Any) -> str:  # noqa: ANN401
+    """The pooling ``auto`` stands for with this config (module docstring); others pass through.
+
+    Raises:
+        ValueError: for an unknown pooling name.
+    """
+    if pooling not in TEXT_POOLINGS:
+        raise ValueError(f"Unknown pooling {pooling!r}; choose one of {TEXT_POOLINGS}.")
+    if pooling != "auto":
+        return pooling
+    return "last" if is_decoder_only(config) else "cls"
+
+
+def pool_tokens(hidden: Tensor, mask: Tensor, pooling: str) -> Tensor:
+    """Pool ``(B, T, D)`` hidden states to ``(B, D)`` with a ``(B, T)`` mask of real tokens.
+
+    ``last`` finds the last position whose mask is 1, so left and right padding both work.
+
+    Example:
+        >>> h = torch.arange(12.0).view(1, 4, 3)
+        >>> m = torch.tensor([[0, 1, 1, 0]])  # left and right padding
+        >>> pool_tokens(h, m, "last").tolist(), pool_tokens(h, m, "mean").tolist()
+        ([[6.0, 7.0, 8.0]], [[4.5, 5.5, 6.5]])
+    """
+    if pooling == "cls":
+        return hidden[:, 0]
+    if pooling == "mean":
+        weights = mask.to(hidden.dtype).unsqueeze(-1)
+        return (hidden * weights).sum(1) / weights.sum(1).clamp_min(1.0)
+    if pooling == "last":
+        length = mask.shape[1]
+        last = length - 1 - mask.flip(1).argmax(1)  # the last 1 of each row
+        return hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
+    raise ValueError(f"Unknown pooling {pooling!r}; choose one of {TEXT_POOLINGS[1:]}.")
+
+
+def load_text_backbone(pretrained_dir: str) -> nn.Module:
+    """``AutoModel`` from a local ``save_pretrained`` folder, with errors that name the fix.
+
+    Raises:
+        FileNotFoundError: the folder or its ``config.json`` is missing.
+        ValueError: an encoder-decoder model (T5, BART), whose ``AutoModel`` needs decoder
+            inputs: load its encoder with ``.get_encoder()`` in your own module instead.
+    """
+    from transformers import AutoConfig, AutoModel
+
+    if not os.path.isdir(pretrained_dir):
+        raise FileNotFoundError(
+            f"pretrained_dir {pretrained_dir!r} does not exist; give a folder written by"
+            " save_pretrained, or leave it unset to build a small random GPT-2."
+        )
+    if not os.path.isfile(os.path.join(pretrained_dir, "config.json")):
+        raise FileNotFoundError(f"pretrained_dir {pretrained_dir!r} has no config.json; it must be a folder"
+                                " written by a Hugging Face model's save_pretrained.")
+    config = AutoConfig.from_pretrained(pretrained_dir, local_files_only=True)
+    if getattr(config, "is_encoder_decoder", False):
+        raise ValueError(f"{pretrained_dir!r} holds an encoder-decoder model ({config.model_type});"
+                         " TextClassifier takes encoders or decoder-only models.")
+    return AutoModel.from_pretrained(pretrained_dir, local_files_only=True)
 
 
 class TextClassifier(MemberModule):
-    """GPT-2 sequence classifier (last non-padding token -> linear head).
+    """Sequence classifier: a Hugging Face backbone, pooled hidden states, a linear head.
 
     Logs the ``MemberModule`` metrics (``{val,test}/accuracy``, ``/nll``, ``/ece``, ...).
 
     Args:
         data_spec: the data's ``TextSpec`` (or dict); linked from ``data.spec`` by the CLI.
-        pretrained_dir: a local directory saved with ``save_pretrained`` (GPT-2 family), or
-            ``None`` to build a small random GPT-2 from ``n_layer``/``n_head``/``n_embd``.
+        pretrained_dir: a local directory saved with ``save_pretrained`` (any text model
+            ``AutoModel`` loads: encoder or decoder-only), or ``None`` to build a small
+            random GPT-2 from ``n_layer``/``n_head``/``n_embd``.
+        pooling: ``auto``, ``cls``, ``mean`` or ``last`` (module docstring).
         n_layer: layers of the built model.
         n_head: attention heads of the built model.
         n_embd: width of the built model.
-        dropout: dropout of the built model (residual, embedding and attention).
+        dropout: dropout before the head, and of the built model (residual, embedding and
+            attention).
         lr: AdamW learning rate.
         weight_decay: AdamW weight decay.
     """
@@ -47,6 +157,7 @@ class TextClassifier(MemberModule):
         self,
         data_spec: TextSpec | dict[str, Any],
         pretrained_dir: str | None = None,
+        pooling: TextPooling = "auto",
         n_layer: int = 2,
         n_head: int = 2,
         n_embd: int = 64,
@@ -57,18 +168,17 @@ class TextClassifier(MemberModule):
         super().__init__()
         spec = TextSpec.coerce(data_spec)
         data_spec = spec.to_dict()
+        if pooling not in TEXT_POOLINGS:
+            raise ValueError(f"Unknown pooling {pooling!r}; choose one of {TEXT_POOLINGS}.")
         self.save_hyperparameters()
         self.spec = spec
-        from transformers import GPT2Config, GPT2Model
-
         if pretrained_dir is not None:
-            if not os.path.isdir(pretrained_dir):
-                raise FileNotFoundError(
-                    f"pretrained_dir {pretrained_dir!r} does not exist; give a folder written by"
-                    " save_pretrained, or leave it unset to build a small random GPT-2."
-                )
-            self.backbone = GPT2Model.from_pretrained(pretrained_dir, local_files_only=True)
+            # from_pretrained hands back eval mode and Lightning keeps the modes it finds:
+            # without train() the backbone's dropout would stay off while fine-tuning.
+            self.backbone = load_text_backbone(pretrained_dir).train()
         else:
+            from transformers import GPT2Config, GPT2Model
+
             config = GPT2Config(
                 n_layer=n_layer, n_head=n_head, n_embd=n_embd, vocab_size=spec.vocab_size,
                 n_positions=spec.max_length, pad_token_id=spec.pad_token_id,
@@ -77,20 +187,20 @@ class TextClassifier(MemberModule):
             self.backbone = GPT2Model(config)
             rank_zero_info(f"TextClassifier: built a random GPT-2 ({n_layer} layers, width {n_embd});"
                            " no pretrained GPT-2 weights exist offline.")
-        if self.backbone.config.vocab_size < spec.vocab_size:
-            raise ValueError(f"The model's vocabulary ({self.backbone.config.vocab_size}) is smaller than"
+        config = self.backbone.config
+        if config.vocab_size < spec.vocab_size:
+            raise ValueError(f"The model's vocabulary ({config.vocab_size}) is smaller than"
                              f" the tokenizer's ({spec.vocab_size}); use the model's own tokenizer.")
+        self.pooling = resolve_pooling(pooling, config)
         self.dropout = nn.Dropout(dropout)
-        self.head = nn.Linear(self.backbone.config.n_embd, spec.n_classes)
+        self.head = nn.Linear(config.hidden_size, spec.n_classes)
         self.init_members("logits", spec.n_classes)
 
     def forward(self, inputs: dict[str, Tensor]) -> Tensor:
-        """Logits ``(B, C)`` from right-padded ``{"input_ids", "attention_mask"}``."""
+        """Logits ``(B, C)`` from padded ``{"input_ids", "attention_mask"}``."""
         mask = inputs["attention_mask"]
         hidden = self.backbone(input_ids=inputs["input_ids"], attention_mask=mask).last_hidden_state
-        last = (mask.sum(1) - 1).clamp_min(0)  # the last real token of each text
-        pooled = hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
-        return self.head(self.dropout(pooled))
+        return self.head(self.dropout(pool_tokens(hidden, mask, self.pooling)))
 
     def forward_members(self, batch: dict[str, Tensor]) -> Tensor:
         """Logits as one member, ``(B, 1, C)``."""
