@@ -1,11 +1,12 @@
-"""AudioDataModule: spoken-word clips preprocessed by a wav2vec2-style feature extractor.
+"""AudioDataModule: spoken-word clips preprocessed by the backbone's own feature extractor.
 
 Feeds per-layer feature extraction (LOES, GeoReg) and fine-tuning of an audio backbone
-(wav2vec2, HuBERT, WavLM): batches are dicts holding exactly the model's inputs plus
-labels, ``{"input_values": float (B, T), "attention_mask": long (B, T), "y": long (B,)}``
-with ``T`` the longest clip of the batch, so a Hugging Face model runs as
+(wav2vec2, HuBERT, WavLM, Whisper's encoder, ...): batches are dicts holding the model's
+inputs as its ``AutoFeatureExtractor`` names them (``input_values: float (B, T)`` with
+``T`` the longest clip of the batch for wav2vec2-style models, ``input_features`` for
+Whisper), ``attention_mask`` and ``y``, so a Hugging Face model runs as
 ``model(**{k: batch[k] for k in dm.input_keys}, output_hidden_states=True)`` and pooling
-can respect the mask.
+can respect the mask (which is in the batch even when the model is not given it).
 
 Sources, all offline:
 
@@ -22,8 +23,8 @@ Sources, all offline:
 
 Each clip is decoded with ``soundfile``, averaged to mono, resampled with
 ``torchaudio.functional.resample`` to the feature extractor's rate (16 kHz for
-wav2vec2) and kept in memory; ``Wav2Vec2FeatureExtractor.from_pretrained(model_dir)``
-pads, masks and normalises a batch at a time. Everything that can be wrong (missing
+wav2vec2) and kept in memory; ``AutoFeatureExtractor.from_pretrained(model_dir)`` (the
+class the folder names) pads, masks and normalises a batch at a time. Everything that can be wrong (missing
 program or package, unknown name or voice, unreadable or empty files, too few clips) is
 checked when the data is prepared.
 """
@@ -302,12 +303,15 @@ def scan_audio_folder(root: str | Path) -> tuple[list[tuple[Path, str]], list[st
 
 # --------------------------------------------------------------------------- dataset
 class AudioClipDataset(BatchDataset):
-    """Clips as dict batches ``{"input_values", "attention_mask", "y"}``.
+    """Clips as dict batches: the feature extractor's model inputs, ``attention_mask`` and ``y``.
 
-    ``input_values`` is ``float (B, T)``, ``attention_mask`` ``long (B, T)`` and ``y``
-    ``long (B,)``.
-    ``waveforms`` are mono ``float32`` arrays at ``sampling_rate``; the feature extractor
-    pads each batch to its longest clip, masks the padding and normalises each clip.
+    The inputs are named by the extractor's ``model_input_names`` (``input_values`` ``float
+    (B, T)`` for wav2vec2-style extractors, ``input_features`` for Whisper's log-mel
+    spectrogram, ...), ``attention_mask`` is ``long`` over the same positions and ``y``
+    ``long (B,)``. The mask is always in the batch (pooling needs it); whether the model
+    receives it is ``model_input_keys``'s business. ``waveforms`` are mono ``float32``
+    arrays at ``sampling_rate``; the extractor pads each batch to its longest clip (or to
+    its own fixed length, e.g. Whisper's 30 s), masks the padding and normalises.
     """
 
     def __init__(self, waveforms: list[np.ndarray], labels: Tensor, extractor: Any,  # noqa: ANN401
@@ -327,34 +331,73 @@ class AudioClipDataset(BatchDataset):
 
     def __getitems__(self, indices: list[int]) -> dict[str, Tensor]:
         features = self.extractor([self.waveforms[i] for i in indices], sampling_rate=self.sampling_rate,
-                                  padding="longest", return_attention_mask=True, return_tensors="pt")
-        return {"input_values": features["input_values"].float(),
-                "attention_mask": features["attention_mask"].long(),
-                "y": self.labels[torch.as_tensor(indices)]}
+                                  padding=_extractor_padding(self.extractor), return_attention_mask=True,
+                                  return_tensors="pt")
+        batch = {name: features[name].float() for name in model_input_keys(self.extractor, mask=False)}
+        batch["attention_mask"] = features["attention_mask"].long()
+        batch["y"] = self.labels[torch.as_tensor(indices)]
+        return batch
+
+
+def _extractor_padding(extractor: Any) -> str:  # noqa: ANN401
+    """``longest`` for extractors that take it; Whisper's pads every clip to its 30 s window."""
+    return "max_length" if type(extractor).__name__ == "WhisperFeatureExtractor" else "longest"
+
+
+def model_input_keys(extractor: Any, mask: bool = True) -> tuple[str, ...]:  # noqa: ANN401
+    """The batch keys a model receives, as its feature extractor says (Hugging Face convention).
+
+    ``model_input_names`` lists them; ``attention_mask`` is kept only when the extractor's
+    ``return_attention_mask`` is true: wav2vec2-base and other ``feat_extract_norm="group"``
+    models are run without a mask (their padding is zeros), the layer-norm variants with it.
+
+    Args:
+        extractor: a Hugging Face feature extractor.
+        mask: include ``attention_mask`` when the extractor passes it to the model.
+
+    Example:
+        >>> from transformers import Wav2Vec2FeatureExtractor
+        >>> model_input_keys(Wav2Vec2FeatureExtractor(return_attention_mask=False))
+        ('input_values',)
+        >>> model_input_keys(Wav2Vec2FeatureExtractor(return_attention_mask=True))
+        ('input_values', 'attention_mask')
+    """
+    names = tuple(getattr(extractor, "model_input_names", None) or ("input_values",))
+    wants_mask = mask and bool(getattr(extractor, "return_attention_mask", False))
+    inputs = tuple(n for n in names if n != "attention_mask")
+    return (*inputs, "attention_mask") if wants_mask else inputs
 
 
 def load_feature_extractor(model_dir: str | Path | None) -> Any:  # noqa: ANN401
-    """``Wav2Vec2FeatureExtractor.from_pretrained(model_dir)``, offline, with clear errors."""
-    path = resolve_model_dir(model_dir, "wav2vec2", "Wav2Vec2FeatureExtractor", MissingAudioDataError)
+    """``AutoFeatureExtractor.from_pretrained(model_dir)``, offline, with clear errors.
+
+    The folder's ``preprocessor_config.json`` names the class (``Wav2Vec2FeatureExtractor``,
+    ``WhisperFeatureExtractor``, ``ASTFeatureExtractor``, ...), so a Whisper or AST folder
+    gets its own extractor and its own input names.
+    """
+    path = resolve_model_dir(model_dir, "wav2vec2", "AutoFeatureExtractor", MissingAudioDataError)
     config = path / "preprocessor_config.json"
-    hint = BUILD_HINT.format(kind="wav2vec2", processor="Wav2Vec2FeatureExtractor")
+    hint = BUILD_HINT.format(kind="wav2vec2", processor="AutoFeatureExtractor")
     if not config.is_file():
         raise MissingAudioDataError(f"{str(path)!r} has no preprocessor_config.json (the model's feature"
                                     f" extractor); {hint}.")
     if '"sampling_rate"' not in config.read_text():
         raise AudioDataError(f"{str(config)!r} is not an audio feature extractor config (no sampling_rate);"
                              " is model_dir a vision or text model?")
-    from transformers import Wav2Vec2FeatureExtractor
+    from transformers import AutoFeatureExtractor
 
-    return Wav2Vec2FeatureExtractor.from_pretrained(str(path), local_files_only=True)
+    return AutoFeatureExtractor.from_pretrained(str(path), local_files_only=True)
 
 
 # ------------------------------------------------------------------------ datamodule
 class AudioDataModule(SplitDataModule):
     """Train/val/test spoken-word clips preprocessed by an audio backbone's feature extractor.
 
-    Batches are ``{"input_values": float (B, T), "attention_mask": long (B, T), "y": long
-    (B,)}``; ``input_keys`` is ``("input_values", "attention_mask")``. ``spec`` is a
+    Batches hold the feature extractor's inputs (``input_values: float (B, T)`` for
+    wav2vec2-style models, ``input_features`` for Whisper), ``attention_mask: long`` and
+    ``y: long (B,)``; ``input_keys`` are the keys the model receives
+    (``model_input_keys``: no ``attention_mask`` for extractors that say
+    ``return_attention_mask: false``, as wav2vec2-base's does). ``spec`` is a
     ``BackboneDataSpec`` (``modality="audio"``, ``sampling_rate`` set).
 
     Splits: ``test_size`` of the clips go to a stratified test split (unless
@@ -386,8 +429,6 @@ class AudioDataModule(SplitDataModule):
         eval_batch_size: batch size for validation, test and predict.
         num_workers: DataLoader workers.
     """
-
-    input_keys: tuple[str, ...] = ("input_values", "attention_mask")
 
     def __init__(
         self,
@@ -424,6 +465,11 @@ class AudioDataModule(SplitDataModule):
         if self._extractor is None:
             self._extractor = load_feature_extractor(self.hparams.model_dir)
         return self._extractor
+
+    @property
+    def input_keys(self) -> tuple[str, ...]:
+        """The batch keys the backbone receives (``model_input_keys`` of its extractor)."""
+        return model_input_keys(self.feature_extractor)
 
     @property
     def sampling_rate(self) -> int:

@@ -41,6 +41,9 @@ def _frame_mask(model: nn.Module, mask: Tensor | None, length: int, batch: int) 
     to_frames = getattr(model, "_get_feature_vector_attention_mask", None)  # wav2vec2 family
     if callable(to_frames):
         return to_frames(length, mask).long()
+    stride = mask.shape[1] // length
+    if stride > 1 and mask.shape[1] == stride * length:  # a strided front end (Whisper: 2 features/frame)
+        return mask[:, ::stride]
     raise ValueError(f"The attention mask has {mask.shape[1]} positions but the hidden states have {length};"
                      " this model gives no rule to map one to the other. Use pooling='cls'.")
 
@@ -113,7 +116,7 @@ def extract_layer_embeddings(
         inputs = {k: batch[k].to(device) for k in input_keys}
         states = hidden_states(model, inputs)
         b, t = states[0].shape[:2]
-        mask = _frame_mask(model, inputs.get("attention_mask"), t, b)
+        mask = _frame_mask(model, batch.get("attention_mask"), t, b)  # a model input or not
         pooled = [pool(h, mask, pooling).float().cpu() for h in states]
         if not layers:
             layers = [[] for _ in pooled]
@@ -193,7 +196,8 @@ def cached_layer_embeddings(
 def load_pretrained_backbone(model_dir: str | Path) -> nn.Module:
     """A backbone from a local directory (offline).
 
-    A Hugging Face ``save_pretrained`` folder loads with ``AutoModel``; a timm folder
+    A Hugging Face ``save_pretrained`` folder loads with ``AutoModel`` (for an
+    encoder-decoder such as Whisper, its encoder: the layers LOES chooses from); a timm folder
     written by ``timm.models.save_for_hf`` (its ``config.json`` names an ``architecture``)
     with ``timm.create_model("local-dir:...")``.
 
@@ -213,7 +217,10 @@ def load_pretrained_backbone(model_dir: str | Path) -> nn.Module:
         return timm.create_model(f"local-dir:{path}", pretrained=True)
     from transformers import AutoModel
 
-    return AutoModel.from_pretrained(str(path), local_files_only=True)
+    model = AutoModel.from_pretrained(str(path), local_files_only=True)
+    if getattr(model.config, "is_encoder_decoder", False):  # Whisper, T5, ...: the encoder's layers
+        return model.get_encoder()
+    return model
 
 
 def minilm_dir() -> Path:

@@ -120,7 +120,7 @@ class FusionClassifier(MemberModule):
         inputs = {k: batch[k] for k in self.spec.input_keys}
         states = hidden_states(self.backbone, inputs)
         b, t = states[0].shape[:2]
-        mask = _frame_mask(self.backbone, inputs.get("attention_mask"), t, b)
+        mask = _frame_mask(self.backbone, batch.get("attention_mask"), t, b)  # a model input or not
         return torch.stack([pool(states[i], mask, self.spec.pooling) for i in self.spec.selected_layers], 1)
 
     def forward(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
