@@ -325,6 +325,11 @@ class AudioClipDataset(BatchDataset):
     def __len__(self) -> int:
         return len(self.labels)
 
+    @property
+    def lengths(self) -> Tensor:
+        """Samples of each clip (what a batch pads to its longest of)."""
+        return torch.as_tensor([len(w) for w in self.waveforms])
+
     def waveform(self, index: int) -> np.ndarray:
         """The clip at ``index`` (mono, at ``sampling_rate``), before feature extraction."""
         return self.waveforms[index]
@@ -465,6 +470,16 @@ class AudioDataModule(SplitDataModule):
         if self._extractor is None:
             self._extractor = load_feature_extractor(self.hparams.model_dir)
         return self._extractor
+
+    def input_fingerprint(self, split: str) -> str:
+        """The split's clip files (path, size, mtime), labels, decoding and extractor settings."""
+        from ripieno.datamodules.fingerprints import Fingerprint, file_stamps
+
+        data = self._split(split)
+        return (Fingerprint("audio").add(file_stamps(data.paths)).add(data.labels.numpy())
+                .add({"max_seconds": self.hparams.max_seconds, "sampling_rate": data.sampling_rate,
+                      "inputs": list(self.input_keys)})
+                .add(self.feature_extractor.to_json_string()).hexdigest())
 
     @property
     def input_keys(self) -> tuple[str, ...]:

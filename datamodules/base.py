@@ -121,6 +121,15 @@ class SplitDataModule(L.LightningDataModule, ABC):
         """The test split, for ``predict``."""
         return self._loader(self._split("test"), self.hparams.eval_batch_size)
 
+    def input_fingerprint(self, split: str) -> str | None:
+        """A cheap fingerprint of a split's raw inputs and preprocessing, or ``None``.
+
+        Caches of what a model computes from the batches (``LayerEmbeddingDataModule``) key on
+        it, so a hit never builds a batch. ``None`` (the default) makes them hash every batch.
+        Overrides must change whenever the batches would, and must not run the processor.
+        """
+        return None
+
     def split_sizes(self) -> dict[str, int]:
         """Rows per split."""
         self.setup()

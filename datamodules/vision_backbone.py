@@ -149,6 +149,12 @@ class ImagePreprocessor:
                 " Face save_pretrained of the model's image processor) or a timm config.json with"
                 f" pretrained_cfg; {BUILD_HINT.format(kind='dinov2', processor='AutoImageProcessor')}.")
 
+    def config_string(self) -> str:
+        """The preprocessing's settings as text (the processor's JSON, or timm's transform)."""
+        if self.kind == "hf":
+            return str(self.processor.to_json_string())
+        return repr(self.transform)
+
     def __call__(self, images: Sequence[Image.Image]) -> Tensor:
         """Preprocess a batch of RGB images."""
         if self.kind == "hf":
@@ -383,6 +389,18 @@ class BackboneImageDataModule(SplitDataModule):
         if self._preprocessor is None:
             self._preprocessor = ImagePreprocessor(self.hparams.model_dir)
         return self._preprocessor
+
+    def input_fingerprint(self, split: str) -> str:
+        """The split's images (file stamps, or the raw array rows) and the processor's config."""
+        from ripieno.datamodules.fingerprints import Fingerprint, file_stamps
+
+        data = self._split(split)
+        images, fingerprint = data.images, Fingerprint("image")
+        if isinstance(images, FileImages):
+            fingerprint.add(file_stamps(images.paths))
+        else:
+            fingerprint.add(images.array[images.rows]).add(images.max_value)
+        return fingerprint.add(data.labels.numpy()).add(self.preprocessor.config_string()).hexdigest()
 
     def _check_args(self) -> None:
         hp = self.hparams

@@ -10,16 +10,18 @@ pools every hidden state to one vector per input:
 * ``last``: the last real token (GPT-2-style causal models).
 
 ``cached_layer_embeddings`` stores the result as safetensors under a key made of the
-model's fingerprint (config and weights), the pooling and the data's fingerprint (the
-exact input tensors), so a second run with the same model, pooling and data reads it
-back instead of recomputing; anything else gives a new file.
+model's fingerprint (its folder's files, or its config and weights), the pooling and the
+data's fingerprint (the raw inputs and their preprocessing, as the source datamodule
+states them cheaply, or else the exact input tensors), so a second run with the same
+model, pooling and data reads it back instead of recomputing (without running the
+processor or loading the model); anything else gives a new file.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -151,8 +153,55 @@ def data_fingerprint(loader: Iterable[dict[str, Tensor]], keys: Sequence[str]) -
     return digest.hexdigest()
 
 
+class LengthBucketedLoader:
+    """Batches of a dataset in order of ``dataset.lengths``, so each pads to similar lengths.
+
+    ``row_order`` (the dataset row of each position) is known once iteration starts, and
+    the lengths are read only then: a loader that is never iterated (a cache hit) never
+    tokenises.
+
+    Args:
+        dataset: a dataset with ``lengths`` and batch ``__getitems__``.
+        batch_size: rows per batch.
+        collate_fn: the source loader's collate function.
+        num_workers: DataLoader workers.
+    """
+
+    def __init__(self, dataset: Any, batch_size: int, collate_fn: Callable | None = None,  # noqa: ANN401
+                 num_workers: int = 0) -> None:
+        self.dataset, self.batch_size = dataset, batch_size
+        self.collate_fn, self.num_workers = collate_fn, num_workers
+        self.row_order: Tensor | None = None
+
+    def __len__(self) -> int:
+        return -(-len(self.dataset) // self.batch_size)
+
+    def __iter__(self):  # noqa: ANN204
+        from torch.utils.data import DataLoader
+
+        self.row_order = torch.argsort(torch.as_tensor(self.dataset.lengths), stable=True)
+        batches = [self.row_order[i:i + self.batch_size].tolist()
+                   for i in range(0, len(self.row_order), self.batch_size)]
+        return iter(DataLoader(self.dataset, batch_sampler=batches, collate_fn=self.collate_fn,
+                               num_workers=self.num_workers))
+
+
+def folder_fingerprint(folder: str | Path) -> str:
+    """SHA-256 of a model folder's file names, sizes and modification times (cheap, no reads).
+
+    The cache key of a backbone loaded from ``folder``: any rewritten weight or config file
+    changes it, without hashing (or even loading) gigabytes of weights.
+    """
+    root = Path(folder).expanduser().resolve()
+    digest = hashlib.sha256(b"folder")
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        stat = path.stat()
+        digest.update(f"{path.relative_to(root)}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode())
+    return digest.hexdigest()
+
+
 def cached_layer_embeddings(
-    model: nn.Module,
+    model: nn.Module | Callable[[], nn.Module],
     loader: Iterable[dict[str, Tensor]],
     input_keys: Sequence[str],
     cache_dir: str | Path,
@@ -160,36 +209,68 @@ def cached_layer_embeddings(
     label_key: str = "y",
     progress: bool = True,
     model_id: str | None = None,
+    data_id: str | None = None,
+    device: str | torch.device | None = None,
 ) -> tuple[Tensor, Tensor, Path, bool]:
-    """``extract_layer_embeddings`` with a safetensors cache.
+    """``extract_layer_embeddings`` with a safetensors cache shared by processes.
+
+    The key is the model's id, the pooling, the input keys and the data's id. With
+    ``data_id`` (a cheap fingerprint of the raw inputs and their preprocessing, e.g.
+    ``TextDataModule.input_fingerprint``) a hit reads the file without iterating
+    ``loader``, so the processor never runs, and with a callable ``model`` the backbone is
+    not even loaded. Without it the key hashes every batch (a full pass of the processor).
+    A file lock next to the entry makes concurrent processes (DDP ranks, parallel jobs)
+    extract once: the first computes, the others wait and read.
 
     Args:
-        model: the pretrained model.
+        model: the pretrained model, or a function that loads it (called on a miss only).
         loader: a loader in a fixed order (the data fingerprint follows it).
         input_keys: the model inputs in a batch.
         cache_dir: folder of the cache files.
         pooling: ``cls``, ``mean`` or ``last``.
         label_key: the labels' key.
         progress: progress bar while extracting.
-        model_id: a precomputed ``model_fingerprint`` (saves hashing the weights again).
+        model_id: a precomputed ``model_fingerprint`` / ``folder_fingerprint`` (required
+            with a callable ``model``).
+        data_id: a fingerprint of the data that replaces hashing the batches.
+        device: where the model runs while extracting (``None``: where it is).
+
+    A ``loader`` with a ``row_order`` attribute (the dataset row of each position it gave,
+    e.g. ``LengthBucketedLoader``) has its embeddings put back in row order before they are
+    stored.
 
     Returns:
         ``(embeddings (L, N, D), labels (N,), path, hit)``: ``hit`` says whether the file
         already existed.
     """
-    key = {"model": model_id or model_fingerprint(model), "pooling": pooling,
-           "data": data_fingerprint(loader, [*input_keys, label_key]), "inputs": list(input_keys)}
+    from filelock import FileLock
+
+    if callable(model) and not isinstance(model, nn.Module) and model_id is None:
+        raise ValueError("A callable model needs model_id (e.g. folder_fingerprint of its folder).")
+    if model_id is None:
+        model_id = model_fingerprint(model)  # type: ignore[arg-type]
+    key = {"model": model_id, "pooling": pooling, "inputs": list(input_keys),
+           "data": data_id or data_fingerprint(loader, [*input_keys, label_key])}
     name = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
     path = Path(cache_dir) / f"layers-{name}.safetensors"
-    if path.is_file():
-        tensors = load_file(str(path))
-        return tensors["embeddings"], tensors["labels"], path, True
-    embeddings, labels = extract_layer_embeddings(model, loader, input_keys, pooling, label_key, progress)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    save_file({"embeddings": embeddings.contiguous(), "labels": labels.contiguous()}, str(tmp),
-              metadata={k: json.dumps(v) for k, v in key.items()})
-    tmp.replace(path)  # atomic: a crashed run never leaves a half-written cache entry
+    with FileLock(str(path.with_suffix(".lock"))):
+        if path.is_file():
+            tensors = load_file(str(path))
+            return tensors["embeddings"], tensors["labels"], path, True
+        net = model if isinstance(model, nn.Module) else model()
+        if device is not None:
+            net = net.to(device)
+        embeddings, labels = extract_layer_embeddings(net, loader, input_keys, pooling, label_key, progress)
+        order = getattr(loader, "row_order", None)
+        if order is not None:
+            inverse = torch.empty_like(order)
+            inverse[order] = torch.arange(len(order))
+            embeddings, labels = embeddings[:, inverse], labels[inverse]
+        tmp = path.with_suffix(".tmp")
+        save_file({"embeddings": embeddings.contiguous(), "labels": labels.contiguous()}, str(tmp),
+                  metadata={k: json.dumps(v) for k, v in key.items()})
+        tmp.replace(path)  # atomic: a crashed run never leaves a half-written cache entry
     return embeddings, labels, path, False
 
 

@@ -1,0 +1,117 @@
+"""The layer-embedding cache: cheap keys, hits that skip the processor and the model, one extraction
+across processes, length-bucketed extraction in row order."""
+
+import os
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+from transformers import BertConfig, BertModel
+
+import ripieno.datamodules.layer_embeddings as layer_embeddings
+import ripieno.datamodules.text as text_module
+from ripieno.datamodules import LayerEmbeddingDataModule, TextDataModule
+from ripieno.framework.loes.features import cached_layer_embeddings, extract_layer_embeddings
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cache")
+    dm = TextDataModule(max_rows=120, build_tokenizer=True, vocab_size=300, max_length=24,
+                        tokenizer_dir=str(root / "tok"))
+    dm.setup()
+    torch.manual_seed(0)
+    BertModel(BertConfig(vocab_size=dm.spec.vocab_size, hidden_size=16, num_hidden_layers=2,
+                         num_attention_heads=2, intermediate_size=32, max_position_embeddings=80,
+                         pad_token_id=dm.spec.pad_token_id)).save_pretrained(root / "bert")
+    return root
+
+
+def _module(folders, cache, **kwargs):
+    source = TextDataModule(max_rows=120, tokenizer_dir=str(folders / "tok"), max_length=64,
+                            eval_batch_size=16)
+    return LayerEmbeddingDataModule(source=source, backbone_dir=str(folders / "bert"), selection="all",
+                                    cache_dir=str(cache), progress=False, device="cpu", eval_batch_size=16,
+                                    **kwargs)
+
+
+class _Counter:
+    def __init__(self, real):
+        self.real, self.calls = real, 0
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        return self.real(*args, **kwargs)
+
+
+def test_a_hit_runs_neither_the_tokenizer_nor_the_model(folders, tmp_path, monkeypatch):
+    tokenize = _Counter(text_module.tokenize)
+    load = _Counter(layer_embeddings.load_pretrained_backbone)
+    monkeypatch.setattr(text_module, "tokenize", tokenize)
+    monkeypatch.setattr(layer_embeddings, "load_pretrained_backbone", load)
+    first = _module(folders, tmp_path)
+    first.setup()
+    assert tokenize.calls == 3 and load.calls == 1  # one tokenisation per split, one model
+    second = _module(folders, tmp_path)
+    second.setup()
+    assert tokenize.calls == 3 and load.calls == 1  # the hit touched neither
+    for split in ("train", "val", "test"):
+        assert torch.equal(second._splits[split].layers, first._splits[split].layers)
+
+
+def test_the_key_follows_the_inputs_and_the_processor(folders, tmp_path):
+    dm = _module(folders, tmp_path)
+    dm.setup()
+    source = dm.source
+    base = source.input_fingerprint("train")
+    assert base != source.input_fingerprint("val")
+    other = TextDataModule(max_rows=120, tokenizer_dir=str(folders / "tok"), max_length=16)
+    assert base == _module(folders, tmp_path).source.input_fingerprint("train")
+    assert other.input_fingerprint("train") != base  # truncation changes the batches
+
+
+def test_length_bucketed_extraction_equals_plain_order(folders, tmp_path):
+    bucketed = _module(folders, tmp_path / "a", bucket_by_length=True)
+    plain = _module(folders, tmp_path / "b", bucket_by_length=False)
+    bucketed.setup()
+    plain.setup()
+    loader = bucketed._source_loaders()["train"]
+    first = next(iter(loader))["input_ids"].shape[1]
+    order = loader.row_order
+    assert not torch.equal(order, torch.arange(len(order)))
+    assert first < 64  # the shortest texts come first and pad to their own length
+    for split in ("train", "val", "test"):
+        torch.testing.assert_close(bucketed._splits[split].layers, plain._splits[split].layers,
+                                   rtol=1e-4, atol=1e-5)
+        assert torch.equal(bucketed._splits[split].labels, plain._splits[split].labels)
+
+
+def _extract_in_process(rank, cache, folder, batches, marker):
+    def load():
+        with open(marker, "a") as handle:
+            handle.write(f"{rank}\n")
+        return BertModel.from_pretrained(folder)
+
+    emb, _, _, hit = cached_layer_embeddings(load, batches, ["input_ids", "attention_mask"], cache,
+                                             model_id="bert", data_id="same-data", progress=False)
+    torch.save({"emb": emb, "hit": hit}, os.path.join(cache, f"out{rank}.pt"))
+
+
+def test_two_processes_extract_once_and_read_the_same(folders, tmp_path):
+    batches = [{"input_ids": torch.randint(0, 100, (4, 7)), "y": torch.arange(4),
+                "attention_mask": torch.ones(4, 7, dtype=torch.long)}]
+    marker = tmp_path / "loaded.txt"
+    mp.start_processes(_extract_in_process, args=(str(tmp_path), str(folders / "bert"), batches, str(marker)),
+                       nprocs=2, start_method="spawn")
+    assert len(marker.read_text().split()) == 1  # one process loaded and ran the backbone
+    outs = [torch.load(tmp_path / f"out{r}.pt") for r in (0, 1)]
+    assert sorted(o["hit"] for o in outs) == [False, True]
+    assert torch.equal(outs[0]["emb"], outs[1]["emb"])
+    model = BertModel.from_pretrained(str(folders / "bert"))
+    expected, _ = extract_layer_embeddings(model, batches, ["input_ids", "attention_mask"], progress=False)
+    torch.testing.assert_close(outs[0]["emb"], expected)
+
+
+def test_a_callable_model_needs_an_id(tmp_path):
+    with pytest.raises(ValueError, match="model_id"):
+        cached_layer_embeddings(lambda: None, [], ["x"], tmp_path, data_id="d")
