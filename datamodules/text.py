@@ -45,6 +45,7 @@ import torch
 from torch import Tensor
 
 from ripieno.datamodules.base import BatchDataset, DataModuleError, SplitDataModule
+from ripieno.datamodules.hf_datasets import SplitPolicy, load_hf_splits, resolve_splits
 from ripieno.datamodules.splits import check_split_args, split_rows, stratified_subset
 from ripieno.framework.text_spec import TextSpec
 
@@ -256,34 +257,45 @@ def load_bbc_news() -> RawTexts:
                     class_names=list(class_names))
 
 
-def _read_saved_dataset(path: Path, label_column: str) -> tuple[pd.DataFrame, list[str] | None]:
-    """A Hugging Face ``datasets`` folder (``save_to_disk``) as a frame, and its label names.
+def load_hf_texts(source: str, text_column: str, label_column: str,
+                  data_files: str | list[str] | dict[str, Any] | None = None, builder: str | None = None,
+                  splits: SplitPolicy = "official") -> tuple[RawTexts, dict[str, np.ndarray] | None]:
+    """Texts of a saved ``datasets`` folder or of local files read by a ``datasets`` builder.
 
-    A ``DatasetDict`` is read as one table (every split, concatenated): ripieno draws its
-    own seeded splits, so the folder's split boundaries are not kept (a message says so).
+    Returns:
+        ``(raw, official)``: all rows as one table, and the rows of each official split
+        (``train`` and, when the source has them, ``val`` / ``test``), or ``None`` when the
+        splits are to be drawn by ``split_seed`` (one split only, or ``splits="resplit"``).
+        Class names are a ``ClassLabel``'s names, else the sorted labels of the training
+        split; a label in another split that training never shows is an error.
     """
-    try:
-        import datasets
-    except ImportError as error:
-        raise TextDataError(f"{str(path)!r} is a folder; reading a saved Hugging Face dataset needs the"
-                            " datasets package: .venv/bin/pip install datasets.") from error
-    try:
-        loaded = datasets.load_from_disk(str(path))
-    except FileNotFoundError as error:
-        raise TextDataError(f"{str(path)!r} is not a folder written by datasets' save_to_disk (or a"
-                            " .csv/.parquet file).") from error
-    if isinstance(loaded, datasets.DatasetDict):
-        from lightning.pytorch.utilities import rank_zero_info
-
-        rank_zero_info(f"TextDataModule: {str(path)!r} holds splits {list(loaded)}; they are read as one"
-                       " table and re-split by split_seed.")
-        parts = list(loaded.values())
-        features = parts[0].features
-        loaded = datasets.concatenate_datasets(parts)
-    else:
-        features = loaded.features
-    names = getattr(features.get(label_column), "names", None)
-    return loaded.to_pandas(), list(names) if names else None
+    parts = load_hf_splits(source, data_files, builder, error=TextDataError)
+    mapped, carve = resolve_splits(parts, splits, "TextDataModule", TextDataError)
+    where = str(source) if data_files is None else f"{builder} files {data_files!r}"
+    frames = {name: mapped[name].to_pandas() for name in ("train", "val", "test") if name in mapped}
+    feature = mapped["train"].features.get(label_column)
+    names = list(getattr(feature, "names", None) or []) or None
+    if names is None:
+        train_labels = frames["train"][label_column] if label_column in frames["train"] else None
+        if train_labels is not None and not train_labels.isna().any():
+            names = sorted(train_labels.unique().tolist())
+            for split, frame in frames.items():
+                extra = sorted(set(frame[label_column].dropna().unique().tolist()) - set(names)) \
+                    if label_column in frame else []
+                if extra:
+                    raise TextDataError(f"The {split} split of {where} has labels {extra} that the train"
+                                        f" split never has; a model cannot learn them (labels: {names}).")
+    pieces = [_raw_texts(frame, Path(f"{where} [{split}]"), text_column, label_column, names,
+                         codes_are_names=getattr(feature, "names", None) is None)
+              for split, frame in frames.items()]
+    texts = [t for piece in pieces for t in piece.texts]
+    labels = np.concatenate([piece.labels for piece in pieces])
+    raw = RawTexts(texts=texts, labels=labels, class_names=pieces[0].class_names)
+    if carve == ["val", "test"] and len(mapped) == 1:
+        return raw, None
+    offsets = np.cumsum([0, *(len(piece.labels) for piece in pieces)])
+    official = {split: np.arange(offsets[i], offsets[i + 1]) for i, split in enumerate(frames)}
+    return raw, official
 
 
 def load_table(path: str | Path, text_column: str, label_column: str) -> RawTexts:
@@ -293,9 +305,6 @@ def load_table(path: str | Path, text_column: str, label_column: str) -> RawText
     """
     path = Path(path).expanduser()
     label_names: list[str] | None = None
-    if path.is_dir():
-        frame, label_names = _read_saved_dataset(path, label_column)
-        return _raw_texts(frame, path, text_column, label_column, label_names)
     if not path.is_file():
         raise MissingTextDataError(
             f"Text data file {str(path)!r} does not exist; set data.dataset to a .csv or .parquet"
@@ -312,8 +321,12 @@ def load_table(path: str | Path, text_column: str, label_column: str) -> RawText
 
 
 def _raw_texts(frame: pd.DataFrame, path: Path, text_column: str, label_column: str,
-               label_names: list[str] | None) -> RawTexts:
-    """Validated texts and label codes of a table."""
+               label_names: list[Any] | None, codes_are_names: bool = False) -> RawTexts:
+    """Validated texts and label codes of a table.
+
+    ``label_names`` are a ``ClassLabel``'s names (the column holds codes ``0..C-1``), or with
+    ``codes_are_names`` the label values themselves in code order (shared across splits).
+    """
     missing = [c for c in (text_column, label_column) if c not in frame.columns]
     if missing:
         raise TextDataError(
@@ -332,6 +345,10 @@ def _raw_texts(frame: pd.DataFrame, path: Path, text_column: str, label_column: 
     if labels.isna().any():
         raise TextDataError(f"{int(labels.isna().sum())} rows of {str(path)!r} have no {label_column!r}"
                             " label; drop or label them.")
+    if label_names is not None and codes_are_names:  # shared label values, in code order
+        codes = labels.map({c: i for i, c in enumerate(label_names)}).to_numpy(np.int64)
+        return RawTexts(texts=texts.astype(str).tolist(), labels=codes,
+                        class_names=[str(c) for c in label_names])
     if label_names is not None:  # a ClassLabel: codes are already 0..C-1 with names
         codes = labels.to_numpy(np.int64)
         if codes.min() < 0 or codes.max() >= len(label_names):
@@ -354,6 +371,8 @@ def load_texts(dataset: str, text_column: str = "text", label_column: str = "lab
     if not looks_like_path:
         raise TextDataError(f"Unknown text data set {dataset!r}; choose one of {list(SHIPPED)} or give"
                             " the path of a .csv or .parquet file or a datasets save_to_disk folder.")
+    if Path(dataset).expanduser().is_dir():
+        return load_hf_texts(dataset, text_column, label_column, splits="resplit")[0]
     return load_table(dataset, text_column, label_column)
 
 
@@ -425,14 +444,24 @@ class TextDataModule(SplitDataModule):
 
     Splits: ``test_size`` of the rows go to test, then ``val_size`` of the rest to
     validation, both stratified by label and seeded by ``split_seed``; ``max_rows``
-    first draws a seeded stratified subset of the whole table.
+    first draws a seeded stratified subset of the whole table. A Hugging Face ``datasets``
+    source (a ``save_to_disk`` folder, or ``data_files`` with a ``builder``) keeps its official
+    splits unless ``splits="resplit"``.
 
     Args:
         dataset: ``rotten_tomatoes`` or ``bbc_news`` (shipped), the path of a .csv / .parquet file,
-            or a folder written by ``datasets``' ``save_to_disk`` (a ``DatasetDict`` is read as one
-            table).
+            or a folder written by ``datasets``' ``save_to_disk`` (a ``DatasetDict``'s splits are
+            kept, see ``splits``).
         text_column: column holding the texts (files only).
         label_column: column holding the labels (files only).
+        data_files: local files read with ``datasets.load_dataset(builder, data_files=...)``: a
+            path, a list, or ``{split: paths}`` (e.g. ``{train: a.jsonl, test: b.jsonl}``);
+            ``dataset`` is then only a name for the run.
+        builder: ``csv``, ``json`` or ``parquet`` for ``data_files``.
+        splits: for a ``datasets`` source with official splits: ``official`` keeps its
+            ``train`` / ``validation`` / ``test`` (missing ones are carved from train by
+            ``split_seed``; ``max_rows`` caps the train split), ``resplit`` pools them and
+            draws all three (a message says so either way).
         tokenizer_dir: local tokenizer directory (``save_pretrained`` output); required
             unless ``build_tokenizer`` (then the default is ``runs/tokenizers/<dataset>``).
         build_tokenizer: train a byte-level BPE of ``vocab_size`` tokens on the training
@@ -456,6 +485,9 @@ class TextDataModule(SplitDataModule):
         dataset: str = "rotten_tomatoes",
         text_column: str = "text",
         label_column: str = "label",
+        data_files: str | list[str] | dict[str, Any] | None = None,
+        builder: Literal["csv", "json", "parquet"] | None = None,
+        splits: SplitPolicy = "official",
         tokenizer_dir: str | None = None,
         build_tokenizer: bool = False,
         vocab_size: int = 2000,
@@ -524,20 +556,27 @@ class TextDataModule(SplitDataModule):
     def _prepare(self) -> None:
         hp = self.hparams
         self._check_args()
-        raw = load_texts(hp.dataset, hp.text_column, hp.label_column)
+        official: dict[str, np.ndarray] | None = None
+        saved = hp.dataset not in SHIPPED and Path(hp.dataset).expanduser().is_dir()
+        if hp.data_files is not None or saved:
+            raw, official = load_hf_texts(hp.dataset, hp.text_column, hp.label_column, hp.data_files,
+                                          hp.builder, hp.splits)
+        else:
+            raw = load_texts(hp.dataset, hp.text_column, hp.label_column)
         present = np.unique(raw.labels)
         if len(present) < 2:
             name = raw.class_names[int(present[0])] if len(present) else "none"
             raise TextDataError(f"{hp.dataset!r} has a single label ({name!r}); classification needs at"
                                 f" least two (check data.label_column={hp.label_column!r}).")
-        rows = np.arange(len(raw.labels))
+        rows = np.arange(len(raw.labels)) if official is None else official["train"]
         seed, cap = hp.split_seed, "max_rows"
         if hp.max_rows is not None and hp.max_rows < len(rows):
             rows = stratified_subset(rows, raw.labels, hp.max_rows, seed, cap=cap, error=TextDataError)
-        pool, test_rows = split_rows(rows, raw.labels, hp.test_size, seed, arg="test_size", cap=cap,
-                                     error=TextDataError)
-        train_rows, val_rows = split_rows(pool, raw.labels, hp.val_size, seed, arg="val_size", cap=cap,
-                                          error=TextDataError)
+        official = official or {}
+        pool, test_rows = (rows, official["test"]) if "test" in official else split_rows(
+            rows, raw.labels, hp.test_size, seed, arg="test_size", cap=cap, error=TextDataError)
+        train_rows, val_rows = (pool, official["val"]) if "val" in official else split_rows(
+            pool, raw.labels, hp.val_size, seed, arg="val_size", cap=cap, error=TextDataError)
         rows_by_split = {"train": train_rows, "val": val_rows, "test": test_rows}
         split_texts = {name: [raw.texts[i] for i in r] for name, r in rows_by_split.items()}
 

@@ -1,0 +1,99 @@
+"""Hugging Face ``datasets`` sources: saved folders and local files keep their official splits."""
+
+import json
+
+import pytest
+
+from ripieno.datamodules import TextDataModule
+from ripieno.datamodules.hf_datasets import load_hf_splits, resolve_splits
+from ripieno.datamodules.text import TextDataError
+
+datasets = pytest.importorskip("datasets")
+
+
+def _texts(n, offset=0):
+    return [f"{'good' if i % 2 else 'bad'} film number {i + offset}" for i in range(n)]
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory):
+    dm = TextDataModule(max_rows=100, build_tokenizer=True, vocab_size=300, tokenizer_dir=str(
+        tmp_path_factory.mktemp("tok") / "t"))
+    dm.setup()
+    return dm.spec.tokenizer_dir
+
+
+def _saved(tmp_path, names):
+    features = datasets.Features({"text": datasets.Value("string"),
+                                  "label": datasets.ClassLabel(names=["neg", "pos"])})
+    parts = {}
+    for j, name in enumerate(names):
+        texts = _texts(40, offset=100 * j)
+        parts[name] = datasets.Dataset.from_dict({"text": texts, "label": [i % 2 for i in range(40)]},
+                                                 features=features)
+    datasets.DatasetDict(parts).save_to_disk(tmp_path / "saved")
+    return str(tmp_path / "saved"), parts
+
+
+def _dm(dataset, tokenizer_dir, **kwargs):
+    dm = TextDataModule(dataset=dataset, tokenizer_dir=tokenizer_dir, max_length=16, **kwargs)
+    dm.setup()
+    return dm
+
+
+def test_official_train_validation_test_are_kept(tmp_path, tokenizer_dir):
+    path, parts = _saved(tmp_path, ["train", "validation", "test"])
+    dm = _dm(path, tokenizer_dir)
+    for ours, theirs in (("train", "train"), ("val", "validation"), ("test", "test")):
+        assert dm._splits[ours].texts == parts[theirs]["text"]
+    assert dm.spec.class_names == ["neg", "pos"]
+
+
+def test_missing_validation_is_carved_from_train_only(tmp_path, tokenizer_dir):
+    path, parts = _saved(tmp_path, ["train", "test"])
+    dm = _dm(path, tokenizer_dir, val_size=0.25)
+    assert dm._splits["test"].texts == parts["test"]["text"]
+    train, val = set(dm._splits["train"].texts), set(dm._splits["val"].texts)
+    assert train | val == set(parts["train"]["text"]) and not train & val and len(val) == 10
+
+
+def test_resplit_pools_every_split(tmp_path, tokenizer_dir):
+    path, _ = _saved(tmp_path, ["train", "validation", "test"])
+    dm = _dm(path, tokenizer_dir, splits="resplit", val_size=0.1, test_size=0.2)
+    assert sum(len(s) for s in dm._splits.values()) == 120 and len(dm._splits["test"]) == 24
+
+
+def test_local_json_files_with_a_builder(tmp_path, tokenizer_dir):
+    for name, n, offset in (("train", 30, 0), ("test", 10, 500)):
+        rows = [{"review": t, "stars": "high" if i % 2 else "low"} for i, t in enumerate(_texts(n, offset))]
+        (tmp_path / f"{name}.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    files = {"train": str(tmp_path / "train.jsonl"), "test": str(tmp_path / "test.jsonl")}
+    dm = _dm("reviews", tokenizer_dir, data_files=files, builder="json", text_column="review",
+             label_column="stars")
+    assert dm.spec.class_names == ["high", "low"]
+    assert len(dm._splits["test"]) == 10 and dm._splits["test"].texts[0] == _texts(10, 500)[0]
+    assert dm._splits["test"].labels.tolist() == [1 if i % 2 == 0 else 0 for i in range(10)]
+
+
+def test_a_label_unseen_in_train_is_an_error(tmp_path, tokenizer_dir):
+    (tmp_path / "train.csv").write_text("text,label\n" + "\n".join(f"t{i},{'a' if i % 2 else 'b'}"
+                                                                   for i in range(20)))
+    (tmp_path / "test.csv").write_text("text,label\nx,a\ny,c\n")
+    files = {"train": str(tmp_path / "train.csv"), "test": str(tmp_path / "test.csv")}
+    with pytest.raises(TextDataError, match=r"labels \['c'\] that the train split never has"):
+        _dm("t", tokenizer_dir, data_files=files, builder="csv")
+
+
+def test_bad_sources_name_the_fix(tmp_path):
+    with pytest.raises(TextDataError, match="builder must be one of"):
+        load_hf_splits("x", data_files="a.csv", builder="excel", error=TextDataError)
+    with pytest.raises(TextDataError, match="do not exist"):
+        load_hf_splits("x", data_files=str(tmp_path / "none.csv"), builder="csv", error=TextDataError)
+    with pytest.raises(TextDataError, match="save_to_disk"):
+        load_hf_splits(str(tmp_path), error=TextDataError)
+    with pytest.raises(TextDataError, match="Unknown split name"):
+        resolve_splits({"train": 1, "holdout": 2}, "official", "T", TextDataError)
+    with pytest.raises(TextDataError, match="Two splits map to 'val'"):
+        resolve_splits({"train": 1, "dev": 2, "validation": 3}, "official", "T", TextDataError)
+    with pytest.raises(TextDataError, match="no train split"):
+        resolve_splits({"test": 1}, "official", "T", TextDataError)
