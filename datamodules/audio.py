@@ -31,6 +31,7 @@ checked when the data is prepared.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import re
@@ -39,9 +40,10 @@ import subprocess
 import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -49,7 +51,8 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
 from ripieno.datamodules.base import BatchDataset, DataModuleError, SplitDataModule
-from ripieno.datamodules.splits import check_split_args, seeded_splits
+from ripieno.datamodules.hf_datasets import SplitPolicy, is_saved_dataset, load_hf_splits, resolve_splits
+from ripieno.datamodules.splits import check_split_args, seeded_splits, split_rows, stratified_subset
 from ripieno.datamodules.vision_backbone import (
     BUILD_HINT,
     FOLDER,
@@ -81,16 +84,32 @@ class MissingAudioDataError(AudioDataError, FileNotFoundError):
 
 
 # ------------------------------------------------------------------------- decoding
-def read_mono(path: str | Path) -> tuple[np.ndarray, int]:
-    """Decode a file with ``soundfile`` to mono ``float32`` (channels averaged) and its rate.
+@dataclass(frozen=True)
+class InMemoryClip:
+    """An encoded audio file held in memory (a ``datasets`` ``Audio`` value without a path)."""
+
+    name: str
+    data: bytes
+
+    def __str__(self) -> str:
+        return self.name
+
+
+def read_mono(path: str | Path | InMemoryClip) -> tuple[np.ndarray, int]:
+    """Decode a file (or an in-memory clip) with ``soundfile`` to mono ``float32`` and its rate.
+
+    Channels are averaged.
 
     Raises:
         AudioDataError: the file cannot be decoded or holds no samples.
     """
+    import io
+
     import soundfile
 
+    source: Any = io.BytesIO(path.data) if isinstance(path, InMemoryClip) else str(path)
     try:
-        data, rate = soundfile.read(str(path), dtype="float32", always_2d=True)
+        data, rate = soundfile.read(source, dtype="float32", always_2d=True)
     except (OSError, RuntimeError, ValueError) as err:  # soundfile.LibsndfileError is a RuntimeError
         raise AudioDataError(f"Cannot decode audio {str(path)!r} ({err}); replace or remove it.") from err
     if data.shape[0] == 0:
@@ -128,7 +147,7 @@ def resample_clips(waves: Sequence[np.ndarray], orig_freq: int, new_freq: int,
     return out  # type: ignore[return-value]
 
 
-def read_audio_files(paths: Sequence[str | Path], sampling_rate: int,
+def read_audio_files(paths: Sequence[str | Path | InMemoryClip], sampling_rate: int,
                      max_seconds: float | None = None) -> list[np.ndarray]:
     """Decode files to mono ``float32`` clips at ``sampling_rate`` (``soundfile`` + torchaudio).
 
@@ -426,6 +445,17 @@ class AudioDataModule(SplitDataModule):
         speeds: espeak-ng speeds in words per minute (default 120, 150, 180).
         pitches: espeak-ng pitches (default 35, 50, 65).
         max_seconds: keep only the first ``max_seconds`` of each clip (``None``: all).
+        data_files: local audio files for ``datasets.load_dataset("audiofolder", data_files=...)``
+            (a path or glob, a list, or ``{split: paths}``; audiofolder labels clips by their
+            parent folder). ``dataset`` may instead be a ``save_to_disk`` folder with an
+            ``Audio`` column. Either way clips are decoded by ``read_audio_files``
+            (soundfile), never by ``datasets`` (which needs torchcodec).
+        builder: ``audiofolder`` (with ``data_files``).
+        audio_column: the ``Audio`` column of a ``datasets`` source.
+        label_column: the label column of a ``datasets`` source (``ClassLabel`` or strings).
+        splits: ``official`` keeps a ``datasets`` source's ``train`` / ``validation`` / ``test``
+            (missing ones carved from train; ``max_train_rows`` caps train), ``resplit`` pools
+            them and draws all three.
         val_size: fraction of the training pool held out for validation, in (0, 1).
         test_size: fraction held out for testing (ignored with ``test_dataset``).
         split_seed: seed of every split, the subset and the training order.
@@ -447,6 +477,11 @@ class AudioDataModule(SplitDataModule):
         speeds: list[int] | None = None,
         pitches: list[int] | None = None,
         max_seconds: float | None = None,
+        data_files: str | list[str] | dict[str, Any] | None = None,
+        builder: Literal["audiofolder"] | None = None,
+        audio_column: str = "audio",
+        label_column: str = "label",
+        splits: SplitPolicy = "official",
         val_size: float = 0.1,
         test_size: float = 0.2,
         split_seed: int = 0,
@@ -476,7 +511,9 @@ class AudioDataModule(SplitDataModule):
         from ripieno.datamodules.fingerprints import Fingerprint, file_stamps
 
         data = self._split(split)
-        return (Fingerprint("audio").add(file_stamps(data.paths)).add(data.labels.numpy())
+        sources = [hashlib.sha256(p.data).hexdigest() if isinstance(p, InMemoryClip) else file_stamps([p])[0]
+                   for p in data.paths]
+        return (Fingerprint("audio").add(sources).add(data.labels.numpy())
                 .add({"max_seconds": self.hparams.max_seconds, "sampling_rate": data.sampling_rate,
                       "inputs": list(self.input_keys)})
                 .add(self.feature_extractor.to_json_string()).hexdigest())
@@ -491,11 +528,17 @@ class AudioDataModule(SplitDataModule):
         """Samples per second the backbone expects (clips are resampled to it)."""
         return int(self.feature_extractor.sampling_rate)
 
+    def _is_hf_source(self) -> bool:
+        hp = self.hparams
+        return hp.data_files is not None or (hp.dataset not in (*SHIPPED, FOLDER, None)
+                                             and is_saved_dataset(hp.dataset))
+
     def _check_args(self) -> None:
         hp = self.hparams
         check_split_args(hp, AudioDataError)
-        check_source_choice(hp.dataset, hp.root, list(SHIPPED), "audio", "root/<class>/*.wav.",
-                            AudioDataError)
+        if not self._is_hf_source():
+            check_source_choice(hp.dataset, hp.root, list(SHIPPED), "audio", "root/<class>/*.wav.",
+                                AudioDataError)
         test = hp.test_dataset
         if test is not None and test not in SHIPPED and not Path(test).expanduser().is_dir():
             raise AudioDataError(f"test_dataset {test!r} is neither one of {list(SHIPPED)} nor an existing"
@@ -518,15 +561,82 @@ class AudioDataModule(SplitDataModule):
             return asterisk_digit_clips(root), list(DIGIT_WORDS)
         return scan_audio_folder(root)
 
-    def _decode(self, clips: list[tuple[Path, str]]) -> list[np.ndarray]:
+    def _hf_clips(self) -> tuple[list[tuple[Path | InMemoryClip, str]], list[str],
+                                 dict[str, np.ndarray] | None]:
+        """Clips of a ``datasets`` source: ``(clips, class_names, official rows or None)``."""
+        hp = self.hparams
+        parts = load_hf_splits(hp.dataset, hp.data_files, hp.builder, error=AudioDataError)
+        mapped, carve = resolve_splits(parts, hp.splits, "AudioDataModule", AudioDataError)
+        order = [name for name in ("train", "val", "test") if name in mapped]
+        for name in order:
+            missing = [c for c in (hp.audio_column, hp.label_column) if c not in mapped[name].column_names]
+            if missing:
+                raise AudioDataError(f"The {name} split has no column(s) {missing} (columns:"
+                                     f" {mapped[name].column_names}); set data.audio_column and"
+                                     " data.label_column.")
+        feature = mapped["train"].features[hp.label_column]
+        names = list(getattr(feature, "names", None) or [])
+        if not names:
+            names = sorted({str(v) for v in mapped["train"][hp.label_column]})
+        clips: list[tuple[Path | InMemoryClip, str]] = []
+        counts = []
+        for name in order:
+            labels = mapped[name][hp.label_column]
+            as_names = [names[int(v)] if getattr(feature, "names", None) else str(v) for v in labels]
+            unseen = sorted(set(as_names) - set(names))
+            if unseen:
+                raise AudioDataError(f"The {name} split has labels {unseen} that the train split never has.")
+            for i, (value, label) in enumerate(zip(mapped[name][hp.audio_column], as_names, strict=True)):
+                if isinstance(value, str):  # audiofolder: a path (see hf_datasets._audiofolder_features)
+                    path, data = value, None
+                else:
+                    path, data = value.get("path"), value.get("bytes")
+                if data is None and path and Path(path).is_file():
+                    clips.append((Path(path), label))
+                elif data is not None:
+                    clips.append((InMemoryClip(path or f"{name}[{i}]", data), label))
+                else:
+                    raise AudioDataError(f"Row {i} of the {name} split has neither audio bytes nor a"
+                                         f" readable file ({path!r}).")
+            counts.append(len(labels))
+        if carve == ["val", "test"] and len(mapped) == 1:
+            return clips, names, None
+        offsets = np.cumsum([0, *counts])
+        return clips, names, {name: np.arange(offsets[i], offsets[i + 1]) for i, name in enumerate(order)}
+
+    def _official_rows(self, labels: np.ndarray, official: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The official splits, with the missing ones carved (seeded, stratified) from train."""
+        hp, cap = self.hparams, "max_train_rows"
+        pool = official["train"]
+        test = official.get("test")
+        if test is None:
+            test = np.empty(0, dtype=np.int64)
+            if not hp.test_dataset:
+                pool, test = split_rows(pool, labels, hp.test_size, hp.split_seed, arg="test_size", cap=cap,
+                                        error=AudioDataError)
+        if hp.max_train_rows is not None and hp.max_train_rows < len(pool):
+            pool = stratified_subset(pool, labels, hp.max_train_rows, hp.split_seed, cap=cap,
+                                     error=AudioDataError)
+        val = official.get("val")
+        if val is None:
+            pool, val = split_rows(pool, labels, hp.val_size, hp.split_seed, arg="val_size", cap=cap,
+                                   error=AudioDataError)
+        return {"train": pool, "val": val, "test": test}
+
+    def _decode(self, clips: list[tuple[Path | InMemoryClip, str]]) -> list[np.ndarray]:
         return read_audio_files([path for path, _ in clips], self.sampling_rate, self.hparams.max_seconds)
 
     def _prepare(self) -> None:
         hp = self.hparams
         self._check_args()
         extractor, rate = self.feature_extractor, self.sampling_rate
-        name = hp.dataset if hp.dataset in SHIPPED else FOLDER
-        clips, class_names = self._clips(name, hp.root)
+        official = None
+        if self._is_hf_source():
+            name = "datasets"
+            clips, class_names, official = self._hf_clips()
+        else:
+            name = hp.dataset if hp.dataset in SHIPPED else FOLDER
+            clips, class_names = self._clips(name, hp.root)
         if len(class_names) < 2:
             raise AudioDataError(f"{hp.dataset!r} has {len(class_names)} class(es) {class_names}; a"
                                  " classifier needs at least two (e.g. more words).")
@@ -535,8 +645,11 @@ class AudioDataModule(SplitDataModule):
         waves = self._decode(clips)
         try:
             test_size = None if hp.test_dataset else hp.test_size
-            rows = seeded_splits(labels, hp.val_size, test_size, hp.split_seed, hp.max_train_rows,
-                                 error=AudioDataError)
+            if official is not None:
+                rows = self._official_rows(labels, official)
+            else:
+                rows = seeded_splits(labels, hp.val_size, test_size, hp.split_seed, hp.max_train_rows,
+                                     error=AudioDataError)
         except AudioDataError as err:
             if name != "asterisk_digits":
                 raise
@@ -565,7 +678,7 @@ class AudioDataModule(SplitDataModule):
         self._spec = BackboneDataSpec(
             n_classes=len(class_names), class_names=class_names, n_train=len(self._splits["train"]),
             n_val=len(self._splits["val"]), n_test=len(self._splits["test"]),
-            dataset=hp.dataset if name != FOLDER else str(Path(hp.root).expanduser()),
+            dataset=str(Path(hp.root).expanduser()) if name == FOLDER else str(hp.dataset),
             input_keys=list(self.input_keys), model_dir=str(Path(hp.model_dir).expanduser()),
             modality="audio", sampling_rate=rate,
         )

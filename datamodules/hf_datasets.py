@@ -73,8 +73,11 @@ def load_hf_splits(source: str | Path, data_files: str | Sequence[str] | Mapping
         if data_files is None:
             raise error(f"builder {builder!r} needs data_files: a path, a list of paths or {{split: paths}}.")
         _check_files_exist(data_files, error)
+        kwargs: dict[str, Any] = {}
+        if builder == "audiofolder":
+            kwargs["features"] = _audiofolder_features(datasets, _plain(data_files), error)
         try:
-            loaded = datasets.load_dataset(builder, data_files=_plain(data_files))
+            loaded = datasets.load_dataset(builder, data_files=_plain(data_files), **kwargs)
         except (FileNotFoundError, ValueError) as err:
             raise error(f"datasets could not read {data_files!r} with the {builder!r} builder"
                         f" ({err}).") from err
@@ -91,6 +94,25 @@ def load_hf_splits(source: str | Path, data_files: str | Sequence[str] | Mapping
                 if isinstance(feature, datasets.Audio) and feature.decode:
                     parts[name] = parts[name].cast_column(column, datasets.Audio(decode=False))
     return parts
+
+
+def _audiofolder_features(datasets: Any, data_files: Any, error: type[Exception]) -> Any:  # noqa: ANN401
+    """``audio`` as a plain path string and ``label`` from the parent folder names.
+
+    ``datasets`` 5's ``Audio`` feature imports torchcodec to encode even a file path; declaring
+    the column a string keeps the builder's file listing and folder labels (the same rule:
+    a file's label is its parent folder's name) without it, and ripieno decodes the files.
+    """
+    import glob
+
+    patterns: list[str] = []
+    for value in data_files.values() if isinstance(data_files, dict) else [data_files]:
+        patterns.extend([value] if isinstance(value, str) else list(value))
+    files = [f for pattern in patterns for f in glob.glob(pattern, recursive=True)]
+    names = sorted({Path(f).parent.name for f in files})
+    if not files:
+        raise error(f"data_files {data_files!r} match no audio files.")
+    return datasets.Features({"audio": datasets.Value("string"), "label": datasets.ClassLabel(names=names)})
 
 
 def _plain(data_files: Any) -> Any:  # noqa: ANN401

@@ -97,3 +97,59 @@ def test_bad_sources_name_the_fix(tmp_path):
         resolve_splits({"train": 1, "dev": 2, "validation": 3}, "official", "T", TextDataError)
     with pytest.raises(TextDataError, match="no train split"):
         resolve_splits({"test": 1}, "official", "T", TextDataError)
+
+
+# ---------------------------------------------------------------------------------- audio
+def _wav2vec2(tmp_path):
+    from ripieno.framework.loes.small_models import build_small_wav2vec2
+
+    return str(build_small_wav2vec2(tmp_path / "w2v"))
+
+
+def test_audiofolder_files_keep_their_splits_and_decode_with_soundfile(tmp_path):
+    import numpy as np
+    from test_backbone_datamodules import write_audio_folder
+
+    from ripieno.datamodules.audio import AudioDataModule, read_audio
+
+    write_audio_folder(tmp_path / "clips" / "train")
+    write_audio_folder(tmp_path / "clips" / "test")
+    files = {"train": str(tmp_path / "clips" / "train" / "**" / "*.wav"),
+             "test": str(tmp_path / "clips" / "test" / "**" / "*.wav")}
+    dm = AudioDataModule(dataset="tones", data_files=files, builder="audiofolder",
+                         model_dir=_wav2vec2(tmp_path), val_size=0.25)
+    dm.setup()
+    assert dm.spec.class_names == ["high", "low"]
+    test = dm._split("test")
+    assert len(test) == 12 and all("clips/test" in str(p) for p in test.paths)
+    assert {len(dm._split("train")), len(dm._split("val"))} == {9, 3}
+    wave = read_audio(test.paths[0], 16000)
+    # our soundfile + torchaudio path (batched resampling: equal to float rounding), not datasets'
+    np.testing.assert_allclose(test.waveform(0), wave, atol=1e-6)
+
+
+def test_saved_audio_dataset_with_in_memory_clips(tmp_path):
+    import io
+
+    import numpy as np
+    import soundfile
+
+    from ripieno.datamodules.audio import AudioDataModule
+
+    rng = np.random.default_rng(0)
+    rows = {"audio": [], "label": []}
+    for i in range(24):
+        buffer = io.BytesIO()
+        soundfile.write(buffer, (0.1 * rng.standard_normal(1600 + 80 * i)).astype(np.float32), 16000,
+                        format="WAV")
+        rows["audio"].append({"bytes": buffer.getvalue(), "path": None})
+        rows["label"].append(i % 2)
+    # Saved the way users' datasets are (an Audio column that decodes), built without torchcodec.
+    features = datasets.Features({"audio": datasets.Audio(), "label": datasets.ClassLabel(names=["a", "b"])})
+    datasets.Dataset.from_dict(rows).cast(features).save_to_disk(tmp_path / "saved")
+    dm = AudioDataModule(dataset=str(tmp_path / "saved"), model_dir=_wav2vec2(tmp_path), val_size=0.25,
+                         test_size=0.25)
+    dm.setup()
+    assert dm.spec.class_names == ["a", "b"] and sum(dm.split_sizes().values()) == 24
+    assert len(dm._split("train").waveform(0)) >= 1600
+    assert dm.input_fingerprint("train") != dm.input_fingerprint("test")
