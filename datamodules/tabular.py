@@ -24,6 +24,7 @@ from ripieno.datamodules.base import (  # noqa: F401
     SplitDataModule,
     collate_batch,
 )
+from ripieno.datamodules.hf_datasets import SplitPolicy, is_saved_dataset, load_hf_splits, resolve_splits
 from ripieno.datamodules.splits import check_split_args, split_rows
 from ripieno.datamodules.tabular_sources import SOURCES
 from ripieno.framework.nn.embeddings import compute_bins
@@ -84,7 +85,15 @@ class TabularDataModule(SplitDataModule):
 
     Args:
         dataset: name of a shipped data set (ignored when ``path`` is given).
-        path: a ``.csv`` or ``.parquet`` file of the user's own table.
+        path: a ``.csv`` or ``.parquet`` file of the user's own table, or a folder written by
+            ``datasets``' ``save_to_disk`` (its official splits are kept, see ``splits``).
+        data_files: local files read with ``datasets.load_dataset(builder, data_files=...)``: a
+            path, a list, or ``{split: paths}``.
+        builder: ``csv``, ``json`` or ``parquet`` for ``data_files``.
+        splits: for a ``datasets`` source: ``official`` keeps its ``train`` / ``validation`` /
+            ``test`` (missing ones carved from train by ``split_seed``; ``max_rows`` caps train),
+            ``resplit`` pools them and draws all three (a message says so either way).
+            ``ClassLabel`` columns are read as their names.
         target: target column (defaults to the shipped data set's).
         categorical: categorical columns (defaults to the shipped data set's).
         drop: columns to ignore (e.g. row ids).
@@ -115,6 +124,9 @@ class TabularDataModule(SplitDataModule):
         self,
         dataset: str | None = "diamonds",
         path: str | None = None,
+        data_files: str | list[str] | dict[str, Any] | None = None,
+        builder: Literal["csv", "json", "parquet"] | None = None,
+        splits: SplitPolicy = "official",
         target: str | None = None,
         categorical: list[str] | None = None,
         drop: list[str] | None = None,
@@ -139,14 +151,64 @@ class TabularDataModule(SplitDataModule):
         super().__init__()
         self.save_hyperparameters()
         self._prediction_ids: tuple[str, list[Any]] | None = None
+        self._official: np.ndarray | None = None
 
     @property
     def spec(self) -> TabularSpec:
         """The data's spec; prepares (loads, validates, splits, preprocesses) on first use."""
         return super().spec
 
+    def _load_hf_frame(self) -> pd.DataFrame:
+        """A ``datasets`` source as one frame; ``self._official`` gets each row's split (or ``None``)."""
+        hp = self.hparams
+        parts = load_hf_splits(hp.path or "", hp.data_files, hp.builder, error=TabularDataError)
+        mapped, carve = resolve_splits(parts, hp.splits, "TabularDataModule", TabularDataError)
+        order = [name for name in ("train", "val", "test") if name in mapped]
+        frames = []
+        for name in order:
+            frame = mapped[name].to_pandas()
+            for column, feature in mapped[name].features.items():  # ClassLabel codes -> their names
+                names = getattr(feature, "names", None)
+                if names and column in frame:
+                    frame[column] = pd.Categorical.from_codes(frame[column].to_numpy(), categories=names)
+                    frame[column] = frame[column].astype(str)
+            frames.append(frame)
+        frame = pd.concat(frames, ignore_index=True)
+        official = None if carve == ["val", "test"] and len(mapped) == 1 else np.concatenate(
+            [np.full(len(f), name) for name, f in zip(order, frames, strict=True)])
+        self._official = official
+        return frame
+
+    def _is_hf_source(self) -> bool:
+        hp = self.hparams
+        return hp.data_files is not None or (hp.path is not None and is_saved_dataset(hp.path))
+
+    def _official_indices(self, stratify: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Official splits' rows; the missing ones carved (seeded, stratified) from train."""
+        hp, split_of = self.hparams, self._official
+        assert split_of is not None
+        pool = np.flatnonzero(split_of == "train")
+        if hp.max_rows is not None and hp.max_rows < len(pool):
+            pool = np.sort(np.random.default_rng(hp.split_seed).choice(pool, hp.max_rows, replace=False))
+        test = np.flatnonzero(split_of == "test")
+        if not len(test):
+            pool, test = split_rows(pool, stratify, hp.test_size, hp.split_seed, arg="test_size",
+                                    cap="max_rows", error=TabularDataError)
+        val = np.flatnonzero(split_of == "val")
+        if not len(val):
+            pool, val = split_rows(pool, stratify, hp.val_size, hp.split_seed, arg="val_size", cap="max_rows",
+                                   error=TabularDataError)
+        return np.sort(pool), np.sort(val), np.sort(test)
+
     def _load_frame(self) -> tuple[pd.DataFrame, str, list[str], list[str], str, str]:
         hp = self.hparams
+        self._official = None
+        if self._is_hf_source():
+            if hp.target is None:
+                raise TabularDataError("data.target is required with a datasets source: name the target"
+                                       " column.")
+            return (self._load_hf_frame(), hp.target, list(hp.categorical or []), list(hp.drop or []),
+                    hp.task, hp.target_transform or "none")
         if hp.path is not None:
             frame = read_table(hp.path, "data.path")
             if hp.target is None:
@@ -198,7 +260,7 @@ class TabularDataModule(SplitDataModule):
         _check_columns(frame, target, categorical, [*drop, *([hp.id_column] if hp.id_column else [])])
         if hp.id_column is not None and hp.id_column == target:
             raise TabularDataError(f"id_column {hp.id_column!r} is the target; name another column.")
-        if hp.max_rows is not None and hp.max_rows < len(frame):
+        if hp.max_rows is not None and hp.max_rows < len(frame) and self._official is None:
             frame = frame.sample(n=hp.max_rows, random_state=hp.split_seed)
         row_ids = (frame[hp.id_column] if hp.id_column else pd.Series(frame.index)).tolist()
         frame = frame.reset_index(drop=True)
@@ -209,8 +271,11 @@ class TabularDataModule(SplitDataModule):
         y, class_names = _encode_target(y_raw, target, task, target_transform)
 
         stratify = y if task != "regression" else None
-        train_idx, val_idx, test_idx = _split_indices(len(frame), stratify, hp.val_size, hp.test_size,
-                                                      hp.split_seed)
+        if self._official is not None:
+            train_idx, val_idx, test_idx = self._official_indices(stratify)
+        else:
+            train_idx, val_idx, test_idx = _split_indices(len(frame), stratify, hp.val_size, hp.test_size,
+                                                          hp.split_seed)
         if task != "regression":
             _check_labels_seen(y, train_idx, {"val": val_idx, "test": test_idx}, class_names)
 

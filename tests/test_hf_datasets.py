@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import torch
 
 from ripieno.datamodules import TextDataModule
 from ripieno.datamodules.hf_datasets import load_hf_splits, resolve_splits
@@ -153,3 +154,51 @@ def test_saved_audio_dataset_with_in_memory_clips(tmp_path):
     assert dm.spec.class_names == ["a", "b"] and sum(dm.split_sizes().values()) == 24
     assert len(dm._split("train").waveform(0)) >= 1600
     assert dm.input_fingerprint("train") != dm.input_fingerprint("test")
+
+
+# -------------------------------------------------------------------------------- tabular
+def _table(n, seed):
+    import numpy as np
+    import pandas as pd
+
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, 3))
+    return pd.DataFrame({"a": x[:, 0], "b": x[:, 1], "c": x[:, 2], "colour": rng.choice(["red", "blue"], n),
+                         "y": (x[:, 0] + x[:, 1] > 0).astype(int)})
+
+
+def test_tabular_saved_dataset_keeps_official_test_with_class_names(tmp_path):
+    from ripieno.datamodules import TabularDataModule
+
+    parts = {}
+    for name, n, seed in (("train", 120, 0), ("test", 40, 1)):
+        frame = _table(n, seed)
+        features = datasets.Features({"a": datasets.Value("float64"), "b": datasets.Value("float64"),
+                                      "c": datasets.Value("float64"), "colour": datasets.Value("string"),
+                                      "y": datasets.ClassLabel(names=["no", "yes"])})
+        parts[name] = datasets.Dataset.from_pandas(frame, features=features, preserve_index=False)
+    datasets.DatasetDict(parts).save_to_disk(tmp_path / "saved")
+    dm = TabularDataModule(dataset=None, path=str(tmp_path / "saved"), target="y", categorical=["colour"],
+                           n_bins=4, val_size=0.25)
+    dm.setup()
+    assert dm.spec.class_names == ["no", "yes"] and dm.split_sizes() == {"train": 90, "val": 30, "test": 40}
+    expected = torch.as_tensor(parts["test"]["y"])
+    assert torch.equal(dm._split("test").y, expected)
+
+
+def test_tabular_parquet_files_with_official_validation(tmp_path):
+    from ripieno.datamodules import TabularDataModule
+
+    files = {}
+    for name, n, seed in (("train", 100, 0), ("validation", 30, 1), ("test", 30, 2)):
+        _table(n, seed).to_parquet(tmp_path / f"{name}.parquet")
+        files[name] = str(tmp_path / f"{name}.parquet")
+    dm = TabularDataModule(dataset=None, data_files=files, builder="parquet", target="y",
+                           categorical=["colour"], n_bins=4)
+    dm.setup()
+    assert dm.split_sizes() == {"train": 100, "val": 30, "test": 30}
+    resplit = TabularDataModule(dataset=None, data_files=files, builder="parquet", target="y",
+                                categorical=["colour"], n_bins=4, splits="resplit", val_size=0.2,
+                                test_size=0.2)
+    resplit.setup()
+    assert resplit.split_sizes() == {"train": 96, "val": 32, "test": 32}
