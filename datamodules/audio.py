@@ -52,7 +52,7 @@ from torch import Tensor
 
 from ripieno.datamodules.base import BatchDataset, DataModuleError, SplitDataModule
 from ripieno.datamodules.hf_datasets import SplitPolicy, is_saved_dataset, load_hf_splits, resolve_splits
-from ripieno.datamodules.splits import check_split_args, seeded_splits, split_rows, stratified_subset
+from ripieno.datamodules.splits import check_split_args, official_split_rows, seeded_splits
 from ripieno.datamodules.vision_backbone import (
     BUILD_HINT,
     FOLDER,
@@ -604,25 +604,6 @@ class AudioDataModule(SplitDataModule):
         offsets = np.cumsum([0, *counts])
         return clips, names, {name: np.arange(offsets[i], offsets[i + 1]) for i, name in enumerate(order)}
 
-    def _official_rows(self, labels: np.ndarray, official: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """The official splits, with the missing ones carved (seeded, stratified) from train."""
-        hp, cap = self.hparams, "max_train_rows"
-        pool = official["train"]
-        test = official.get("test")
-        if test is None:
-            test = np.empty(0, dtype=np.int64)
-            if not hp.test_dataset:
-                pool, test = split_rows(pool, labels, hp.test_size, hp.split_seed, arg="test_size", cap=cap,
-                                        error=AudioDataError)
-        if hp.max_train_rows is not None and hp.max_train_rows < len(pool):
-            pool = stratified_subset(pool, labels, hp.max_train_rows, hp.split_seed, cap=cap,
-                                     error=AudioDataError)
-        val = official.get("val")
-        if val is None:
-            pool, val = split_rows(pool, labels, hp.val_size, hp.split_seed, arg="val_size", cap=cap,
-                                   error=AudioDataError)
-        return {"train": pool, "val": val, "test": test}
-
     def _decode(self, clips: list[tuple[Path | InMemoryClip, str]]) -> list[np.ndarray]:
         return read_audio_files([path for path, _ in clips], self.sampling_rate, self.hparams.max_seconds)
 
@@ -646,7 +627,8 @@ class AudioDataModule(SplitDataModule):
         try:
             test_size = None if hp.test_dataset else hp.test_size
             if official is not None:
-                rows = self._official_rows(labels, official)
+                rows = official_split_rows(labels, official, hp.val_size, test_size, hp.split_seed,
+                                           hp.max_train_rows, error=AudioDataError)
             else:
                 rows = seeded_splits(labels, hp.val_size, test_size, hp.split_seed, hp.max_train_rows,
                                      error=AudioDataError)

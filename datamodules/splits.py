@@ -135,3 +135,35 @@ def seeded_splits(
         pool = stratified_subset(pool, labels, max_train_rows, seed, cap=cap, error=error)
     train, val = split_rows(pool, labels, val_size, seed, arg="val_size", cap=cap, error=error)
     return {"train": train, "val": val, "test": test}
+
+
+def official_split_rows(
+    labels: np.ndarray,
+    official: dict[str, np.ndarray],
+    val_size: float,
+    test_size: float | None,
+    seed: int,
+    max_train_rows: int | None = None,
+    *,
+    error: type[DataModuleError],
+) -> dict[str, np.ndarray]:
+    """A source's own ``train`` / ``val`` / ``test`` rows, the missing ones carved from train.
+
+    ``official`` holds the rows of the splits the source has (``train`` at least). A missing
+    ``test`` takes ``test_size`` of the training rows (none when ``test_size`` is ``None``,
+    for a test set given elsewhere); ``max_train_rows`` then caps the training pool; a
+    missing ``val`` takes ``val_size`` of it. Stratified and seeded as ``seeded_splits``.
+    """
+    cap = "max_train_rows"
+    pool = np.asarray(official["train"])
+    test = official.get("test")
+    if test is None:
+        test = np.empty(0, dtype=np.int64)
+        if test_size is not None:
+            pool, test = split_rows(pool, labels, test_size, seed, arg="test_size", cap=cap, error=error)
+    if max_train_rows is not None and max_train_rows < len(pool):
+        pool = stratified_subset(pool, labels, max_train_rows, seed, cap=cap, error=error)
+    val = official.get("val")
+    if val is None:
+        pool, val = split_rows(pool, labels, val_size, seed, arg="val_size", cap=cap, error=error)
+    return {"train": np.sort(pool), "val": np.sort(np.asarray(val)), "test": np.sort(np.asarray(test))}

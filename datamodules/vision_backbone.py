@@ -25,11 +25,13 @@ when the data is prepared, so unreadable images fail before any model runs.
 
 from __future__ import annotations
 
+import hashlib
+import io
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -37,9 +39,10 @@ from PIL import Image
 from torch import Tensor
 
 from ripieno.datamodules.base import BatchDataset, DataModuleError, SplitDataModule
+from ripieno.datamodules.hf_datasets import SplitPolicy, is_saved_dataset, load_hf_splits, resolve_splits
 from ripieno.datamodules.images import SOURCES as IMAGE_SOURCES
 from ripieno.datamodules.images import ImageDataError, MissingImageDataError, load_source
-from ripieno.datamodules.splits import check_split_args, seeded_splits
+from ripieno.datamodules.splits import check_split_args, official_split_rows, seeded_splits
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".webp")
 FOLDER = "folder"
@@ -251,6 +254,38 @@ class FileImages:
             raise ImageDataError(f"Cannot read image {str(path)!r} ({err}); replace or remove it.") from err
 
 
+class DatasetImages:
+    """The image column of a ``datasets.Dataset`` as RGB PIL images, decoded on access.
+
+    The column is read with ``Image(decode=False)`` (a path or the encoded bytes per row),
+    so nothing is decoded until a batch needs it, and ``stamps`` fingerprints the rows
+    cheaply (file stamps, or a hash of the bytes).
+    """
+
+    def __init__(self, values: list[dict[str, Any]]) -> None:
+        self.values = values
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def __getitem__(self, index: int) -> Image.Image:
+        value = self.values[index]
+        source: Any = io.BytesIO(value["bytes"]) if value.get("bytes") is not None else value.get("path")
+        try:
+            with Image.open(source) as image:
+                return image.convert("RGB")
+        except (OSError, ValueError, AttributeError) as err:
+            raise ImageDataError(f"Cannot read image {index} ({value.get('path')!r}: {err}); replace or"
+                                 " remove it.") from err
+
+    def stamps(self) -> list[str]:
+        """A cheap fingerprint of each row (file stamp, or SHA-256 of the encoded bytes)."""
+        from ripieno.datamodules.fingerprints import file_stamps
+
+        return [hashlib.sha256(v["bytes"]).hexdigest() if v.get("bytes") is not None
+                else file_stamps([v["path"]])[0] for v in self.values]
+
+
 @dataclass
 class ImageFolder:
     """An image folder's files, integer labels and class names (sorted folder names)."""
@@ -310,7 +345,7 @@ class BackboneImageDataset(BatchDataset):
     Each batch is preprocessed by the backbone's processor in ``__getitems__``.
     """
 
-    def __init__(self, images: ArrayImages | FileImages, labels: Tensor,
+    def __init__(self, images: ArrayImages | FileImages | DatasetImages, labels: Tensor,
                  preprocess: ImagePreprocessor) -> None:
         if len(images) != len(labels):
             raise ImageDataError(f"{len(images)} images but {len(labels)} labels.")
@@ -350,6 +385,14 @@ class BackboneImageDataModule(SplitDataModule):
         model_dir: local folder of the backbone with its image preprocessing (Hugging
             Face ``save_pretrained`` with ``preprocessor_config.json``, or timm
             ``save_for_hf``); ``ripieno.framework.loes.small_models`` builds random ones.
+        data_files: local images for ``datasets.load_dataset("imagefolder", data_files=...)``
+            (labels from parent folder names); ``dataset`` may instead be a ``save_to_disk``
+            folder with an ``Image`` column. Images are decoded by PIL when a batch needs them.
+        builder: ``imagefolder`` (with ``data_files``).
+        image_column: the ``Image`` column of a ``datasets`` source.
+        label_column: the label column of a ``datasets`` source (``ClassLabel`` or strings).
+        splits: ``official`` keeps a ``datasets`` source's ``train`` / ``validation`` / ``test``
+            (missing ones carved from train), ``resplit`` pools them and draws all three.
         val_size: fraction of the training pool held out for validation, in (0, 1).
         test_size: fraction held out for testing, for sources without a test split.
         split_seed: seed of every split, the subset and the training order.
@@ -366,6 +409,11 @@ class BackboneImageDataModule(SplitDataModule):
         dataset: str | None = None,
         root: str | None = None,
         model_dir: str | None = None,
+        data_files: str | list[str] | dict[str, Any] | None = None,
+        builder: Literal["imagefolder"] | None = None,
+        image_column: str = "image",
+        label_column: str = "label",
+        splits: SplitPolicy = "official",
         val_size: float = 0.1,
         test_size: float = 0.2,
         split_seed: int = 0,
@@ -398,22 +446,68 @@ class BackboneImageDataModule(SplitDataModule):
         images, fingerprint = data.images, Fingerprint("image")
         if isinstance(images, FileImages):
             fingerprint.add(file_stamps(images.paths))
+        elif isinstance(images, DatasetImages):
+            fingerprint.add(images.stamps())
         else:
             fingerprint.add(images.array[images.rows]).add(images.max_value)
         return fingerprint.add(data.labels.numpy()).add(self.preprocessor.config_string()).hexdigest()
 
+    def _is_hf_source(self) -> bool:
+        hp = self.hparams
+        return hp.data_files is not None or (hp.dataset not in (*IMAGE_SOURCES, FOLDER, None)
+                                             and is_saved_dataset(hp.dataset))
+
+    def _hf_parts(self) -> tuple[dict[str, tuple[DatasetImages, np.ndarray]], list[str], list[str]]:
+        """A ``datasets`` source: ``({split: (images, labels)}, class_names, splits to carve)``."""
+        hp = self.hparams
+        parts = load_hf_splits(hp.dataset, hp.data_files, hp.builder, error=ImageDataError)
+        mapped, carve = resolve_splits(parts, hp.splits, "BackboneImageDataModule", ImageDataError)
+        import datasets
+
+        out: dict[str, tuple[DatasetImages, np.ndarray]] = {}
+        feature = mapped["train"].features.get(hp.label_column)
+        names = list(getattr(feature, "names", None) or [])
+        if not names:
+            names = sorted({str(v) for v in mapped["train"][hp.label_column]})
+        for split, part in mapped.items():
+            missing = [c for c in (hp.image_column, hp.label_column) if c not in part.column_names]
+            if missing:
+                raise ImageDataError(f"The {split} split has no column(s) {missing} (columns:"
+                                     f" {part.column_names}); set data.image_column and data.label_column.")
+            part = part.cast_column(hp.image_column, datasets.Image(decode=False))
+            raw = part[hp.label_column]
+            labels = [names[int(v)] if getattr(feature, "names", None) else str(v) for v in raw]
+            unseen = sorted(set(labels) - set(names))
+            if unseen:
+                raise ImageDataError(f"The {split} split has labels {unseen} that the train split never has.")
+            index = {c: i for i, c in enumerate(names)}
+            out[split] = (DatasetImages(list(part[hp.image_column])),
+                          np.asarray([index[c] for c in labels], dtype=np.int64))
+        return out, names, carve
+
     def _check_args(self) -> None:
         hp = self.hparams
         check_split_args(hp, ImageDataError)
-        check_source_choice(hp.dataset, hp.root, sorted(IMAGE_SOURCES), "image", "root/<class>/*.png|jpg.",
-                            ImageDataError)
+        if not self._is_hf_source():
+            check_source_choice(hp.dataset, hp.root, sorted(IMAGE_SOURCES), "image",
+                                "root/<class>/*.png|jpg.", ImageDataError)
 
     def _prepare(self) -> None:
         hp = self.hparams
         self._check_args()
         preprocess = self.preprocessor
         seed = hp.split_seed
-        if hp.dataset in (None, FOLDER):
+        if self._is_hf_source():
+            hf_parts, class_names, _ = self._hf_parts()
+            name = str(hp.dataset)
+            values = [v for split in hf_parts for v in hf_parts[split][0].values]
+            all_y = np.concatenate([hf_parts[split][1] for split in hf_parts])
+            offsets = np.cumsum([0, *(len(hf_parts[split][1]) for split in hf_parts)])
+            official = {split: np.arange(offsets[i], offsets[i + 1]) for i, split in enumerate(hf_parts)}
+            rows = official_split_rows(all_y, official, hp.val_size, hp.test_size, seed, hp.max_train_rows,
+                                       error=ImageDataError)
+            parts = {split: (DatasetImages([values[i] for i in r]), all_y[r]) for split, r in rows.items()}
+        elif hp.dataset in (None, FOLDER):
             folder = scan_image_folder(hp.root)
             rows = seeded_splits(folder.labels, hp.val_size, hp.test_size, seed, hp.max_train_rows,
                                  error=ImageDataError)

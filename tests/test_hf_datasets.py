@@ -202,3 +202,33 @@ def test_tabular_parquet_files_with_official_validation(tmp_path):
                                 test_size=0.2)
     resplit.setup()
     assert resplit.split_sizes() == {"train": 96, "val": 32, "test": 32}
+
+
+# --------------------------------------------------------------------------------- images
+def test_imagefolder_files_and_saved_images_keep_official_splits(tmp_path):
+    from test_backbone_datamodules import write_image_folder
+
+    from ripieno.datamodules.vision_backbone import BackboneImageDataModule, ImagePreprocessor
+    from ripieno.framework.loes.small_models import build_small_dinov2
+
+    model_dir = str(build_small_dinov2(tmp_path / "dino", image_size=28, num_layers=1, hidden_size=16,
+                                       num_heads=2))
+    write_image_folder(tmp_path / "imgs" / "train")
+    write_image_folder(tmp_path / "imgs" / "test", per_class=3)
+    files = {"train": str(tmp_path / "imgs" / "train" / "**" / "*.*g"),
+             "test": str(tmp_path / "imgs" / "test" / "**" / "*.*g")}
+    dm = BackboneImageDataModule(dataset="pets", data_files=files, builder="imagefolder", model_dir=model_dir,
+                                 val_size=0.25, batch_size=4)
+    dm.setup()
+    assert dm.spec.class_names == ["cat", "dog", "eel"] and dm.split_sizes()["test"] == 9
+    batch = dm._split("test").__getitems__([0, 1])
+    expected = ImagePreprocessor(model_dir)([dm._split("test").image(0), dm._split("test").image(1)])
+    assert torch.equal(batch["pixel_values"], expected)
+    assert dm.input_fingerprint("test") != dm.input_fingerprint("train")
+
+    train = datasets.load_dataset("imagefolder", data_files={"train": files["train"]})["train"]
+    parts = {"train": train.select(range(6, 24)), "validation": train.select(range(6))}
+    datasets.DatasetDict(parts).save_to_disk(tmp_path / "saved")
+    saved = BackboneImageDataModule(dataset=str(tmp_path / "saved"), model_dir=model_dir, test_size=0.25)
+    saved.setup()
+    assert saved.split_sizes() == {"train": 14, "val": 6, "test": 4}  # stratified per class
