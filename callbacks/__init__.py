@@ -10,6 +10,7 @@ from ripieno.callbacks.prediction_writer import MemberPredictionWriter
 from ripieno.callbacks.replica_coupling import ElasticAveraging, ReplicaCoupling
 from ripieno.callbacks.routing_resampler import RoutingResampler
 from ripieno.callbacks.swag import SWAGSampler
+from ripieno.callbacks.temperature_scaling import TemperatureScaling
 
 __all__ = [
     "DeepEnsembleSampler",
@@ -23,4 +24,5 @@ __all__ = [
     "ReplicaCoupling",
     "RoutingResampler",
     "SWAGSampler",
+    "TemperatureScaling",
 ]

@@ -16,6 +16,7 @@ import lightning as L
 import torch
 
 from ripieno.callbacks.posterior_predictive import PosteriorPredictiveCallback
+from ripieno.callbacks.temperature_scaling import TemperatureScaling
 from ripieno.framework.uq.linearization import call_model
 
 
@@ -31,6 +32,9 @@ class DeepEnsembleSampler(PosteriorPredictiveCallback):
         input_key: key of the model input in dict batches (tuples use element 0).
         target_key: key of the target in dict batches (tuples use element 1).
         ood_dataloader_idx: index of a test dataloader holding OOD inputs.
+        temperature: divide sampled logits by this before the softmax (classification): a
+            float, a ``TemperatureScaling`` callback or ``"callback"`` (see
+            ``PosteriorPredictiveCallback``); ``None`` (default) leaves them unchanged.
     """
 
     def __init__(
@@ -41,8 +45,9 @@ class DeepEnsembleSampler(PosteriorPredictiveCallback):
         input_key: str | list[str] = "x",
         target_key: str = "y",
         ood_dataloader_idx: int | None = None,
+        temperature: float | TemperatureScaling | Literal["callback"] | None = None,
     ) -> None:
-        super().__init__(input_key, target_key, ood_dataloader_idx)
+        super().__init__(input_key, target_key, ood_dataloader_idx, temperature=temperature)
         if len(checkpoints) < 2:
             raise ValueError(f"A deep ensemble needs at least 2 checkpoints, got {len(checkpoints)}.")
         missing = [c for c in checkpoints if not Path(c).is_file()]

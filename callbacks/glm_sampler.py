@@ -27,6 +27,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
 from ripieno.callbacks.posterior_predictive import PosteriorPredictiveCallback, plain_copy
+from ripieno.callbacks.temperature_scaling import TemperatureScaling
 from ripieno.framework.metrics.uq import LogPointwisePredictiveDensity
 from ripieno.framework.uq.glm_sampler import GLMPosteriorSampler, last_layer_log_evidence
 from ripieno.framework.uq.least_squares_sampler import LeastSquaresLogitSampler
@@ -50,9 +51,9 @@ class LastLayerSampler(PosteriorPredictiveCallback):
     (sample, member) pair one draw of the ensemble's predictive. Regression samples
     are in target units (a module's ``output_affine`` maps standardised outputs).
 
-    Logged on test, under ``uq/test/``: ``ece`` (15 bins), ``nll`` and ``lppd`` of the
-    posterior predictive, ``varroc_id`` (classification), or ``nll`` (Gaussian, with
-    the noise) and ``lppd`` (regression); ``varroc_ood`` with an OOD test dataloader;
+    Logged on test, under ``uq/test/``: ``ece`` (15 bins), ``nll``, ``brier`` and ``lppd``
+    of the posterior predictive, ``varroc_id`` (classification), or ``nll`` (Gaussian, with
+    the noise), ``lppd`` and ``crps`` (regression); ``varroc_ood`` with an OOD test dataloader;
     ``uq/prior_precision``, or ``uq/gamma`` and ``uq/predictive_scale``, when chosen.
 
     ``posterior="least_squares_logits"`` (classification only) takes the reference's
@@ -110,6 +111,11 @@ class LastLayerSampler(PosteriorPredictiveCallback):
             when the trainer shows its own, on rank 0).
         varroc_prediction: VARROC's predicted class: ``predictive_mean`` or ``map`` (see
             ``PosteriorPredictiveCallback``).
+        temperature: divide the sampled logits by this before the softmax (classification),
+            in test metrics, ``posterior_samples`` and the validation-LPPD grids: a float, a
+            ``TemperatureScaling`` callback (its fitted temperature) or ``"callback"`` (the
+            one in the trainer's callbacks); ``None`` (default) leaves them unchanged. The
+            posterior is fitted on the untempered likelihood.
     """
 
     def __init__(
@@ -139,8 +145,9 @@ class LastLayerSampler(PosteriorPredictiveCallback):
         momentum: float | None = None,
         progress_bar: bool | None = None,
         varroc_prediction: Literal["predictive_mean", "map"] = "predictive_mean",
+        temperature: float | TemperatureScaling | Literal["callback"] | None = None,
     ) -> None:
-        super().__init__(input_key, target_key, ood_dataloader_idx, varroc_prediction)
+        super().__init__(input_key, target_key, ood_dataloader_idx, varroc_prediction, temperature)
         if glm not in ("last_layer", "full"):
             raise ValueError(f"glm must be 'last_layer' or 'full', got {glm!r}.")
         if posterior not in ("laplace_ggn", "least_squares_logits"):
@@ -308,7 +315,7 @@ class LastLayerSampler(PosteriorPredictiveCallback):
             metric = LogPointwisePredictiveDensity(task="classification", input_kind="probs")
             for outputs, deviations, target in cached:
                 logits = sampler.combine(outputs, deviations, gamma, scale)
-                metric.update(self.probabilities(logits).cpu(), target.cpu())
+                metric.update(self.probabilities(self.tempered(logits)).cpu(), target.cpu())
             scores[gamma, scale] = float(metric.compute())
         return scores
 
@@ -354,7 +361,7 @@ class LastLayerSampler(PosteriorPredictiveCallback):
                 metric.update(samples.cpu(), target.float().reshape(samples[:, 0].shape).cpu(),
                               sampler.noise_variance * scale**2)
             else:
-                metric.update(self.probabilities(samples).cpu(), target.cpu())
+                metric.update(self.probabilities(self.tempered(samples)).cpu(), target.cpu())
         return float(metric.compute())
 
     def prepare(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -33,6 +33,7 @@ from torch import Tensor, nn
 from typing_extensions import override
 
 from ripieno.callbacks.posterior_predictive import PosteriorPredictiveCallback, plain_copy
+from ripieno.callbacks.temperature_scaling import TemperatureScaling
 from ripieno.framework.uq.linearization import find_last_linear
 
 INSTALL_HINT = "pip install 'laplace-torch==0.3'"
@@ -91,6 +92,9 @@ class LaplaceSampler(PosteriorPredictiveCallback):
         target_key: key of the target in dict batches (tuples use element 1).
         ood_dataloader_idx: index of a test dataloader holding OOD inputs.
         seed: seed of the sampler's own generator.
+        temperature: divide sampled logits by this before the softmax (classification): a
+            float, a ``TemperatureScaling`` callback or ``"callback"`` (see
+            ``PosteriorPredictiveCallback``); ``None`` (default) leaves them unchanged.
     """
 
     def __init__(
@@ -108,8 +112,9 @@ class LaplaceSampler(PosteriorPredictiveCallback):
         target_key: str = "y",
         ood_dataloader_idx: int | None = None,
         seed: int = 0,
+        temperature: float | TemperatureScaling | Literal["callback"] | None = None,
     ) -> None:
-        super().__init__(input_key, target_key, ood_dataloader_idx)
+        super().__init__(input_key, target_key, ood_dataloader_idx, temperature=temperature)
         if subset_of_weights not in ("last_layer", "all"):
             raise ValueError(f"subset_of_weights must be 'last_layer' or 'all', got {subset_of_weights!r}.")
         if hessian_structure not in ("kron", "full", "diag"):

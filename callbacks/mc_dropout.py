@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from ripieno.callbacks.posterior_predictive import PosteriorPredictiveCallback
+from ripieno.callbacks.temperature_scaling import TemperatureScaling
 from ripieno.framework.uq.linearization import call_model
 
 
@@ -31,6 +32,9 @@ class MCDropoutSampler(PosteriorPredictiveCallback):
         target_key: key of the target in dict batches (tuples use element 1).
         ood_dataloader_idx: index of a test dataloader holding OOD inputs.
         seed: seed of the dropout masks.
+        temperature: divide sampled logits by this before the softmax (classification): a
+            float, a ``TemperatureScaling`` callback or ``"callback"`` (see
+            ``PosteriorPredictiveCallback``); ``None`` (default) leaves them unchanged.
     """
 
     def __init__(
@@ -42,8 +46,9 @@ class MCDropoutSampler(PosteriorPredictiveCallback):
         target_key: str = "y",
         ood_dataloader_idx: int | None = None,
         seed: int = 0,
+        temperature: float | TemperatureScaling | Literal["callback"] | None = None,
     ) -> None:
-        super().__init__(input_key, target_key, ood_dataloader_idx)
+        super().__init__(input_key, target_key, ood_dataloader_idx, temperature=temperature)
         if n_samples < 2:
             raise ValueError(f"MC-dropout needs n_samples >= 2, got {n_samples}.")
         self.n_samples, self.seed = n_samples, seed

@@ -2,11 +2,22 @@
 
 A subclass says how to prepare (``prepare``) and how to draw S predictions for a batch
 (``sample -> (B, S, C)``, members on axis 1, ``ripieno.framework.members``); this base evaluates them. On
-``test`` it logs, under ``uq/test/``: ``accuracy``, ``ece`` (15 bins), ``nll`` and ``lppd``
-of the posterior predictive and ``varroc_id`` (classification; ``varroc_ood`` when a test
-dataloader holds OOD inputs), or Gaussian ``nll`` (with the noise) and ``lppd``
-(regression), and writes ``reliability_<Callback>.png`` into the log dir
-(classification). On ``predict`` it adds ``posterior_samples`` to each step's output dict.
+``test`` it logs, under ``uq/test/``: ``accuracy``, ``ece`` (15 bins), ``nll``, ``brier``
+and ``lppd`` of the posterior predictive and ``varroc_id`` (classification; ``varroc_ood``
+when a test dataloader holds OOD inputs), or Gaussian ``nll`` (with the noise), ``lppd``
+and ``crps`` (of the Gaussian mixture around the samples, with the noise) (regression),
+and sends the reliability diagram to the active logger, tagged
+``uq/test/reliability/<Callback>`` (``ripieno.callbacks.figure_logging``: TensorBoard's
+``add_figure``, a logger's image API, else ``reliability_<Callback>.png`` in the logger's
+``log_dir`` or, without a logger, in ``trainer.default_root_dir``) (classification). On
+``predict`` it adds ``posterior_samples`` to each step's output dict.
+
+``temperature`` (classification) divides every sampled logit by a temperature before the
+softmax, in test metrics, ``posterior_samples`` and the samplers' own validation scores: a
+number, a fitted ``TemperatureScaling`` callback, or ``"callback"`` for the
+``TemperatureScaling`` among the trainer's callbacks (what a recipe YAML can say). The
+posterior itself is fitted on the untempered likelihood. The default (``None``) leaves
+the samples as they are.
 
 VARROC's predicted class (``varroc_prediction``) is the predictive mean's by default; with
 ``map`` it is the trained network's own argmax (one extra forward pass per test batch), as
@@ -16,6 +27,7 @@ in the LinearSampling paper's evaluation of GLM samples.
 from __future__ import annotations
 
 import functools
+import math
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, Literal
@@ -27,12 +39,14 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch.utils._pytree import tree_map
 from torch.utils.data import DataLoader
 from torchmetrics.classification import MulticlassAccuracy
-from torchmetrics.utilities import dim_zero_cat
 from typing_extensions import override
 
-from ripieno.framework.metrics.reliability import reliability_diagram_from_confidences
+from ripieno.callbacks.figure_logging import log_reliability_diagram
+from ripieno.callbacks.temperature_scaling import TemperatureScaling
 from ripieno.framework.metrics.uq import (
     VARROC_PREDICTIONS,
+    BrierScore,
+    EnsembleCRPS,
     ExpectedCalibrationError,
     GaussianNLL,
     LogPointwisePredictiveDensity,
@@ -59,6 +73,10 @@ class PosteriorPredictiveCallback(Callback, ABC):
         varroc_prediction: whose argmax is VARROC's predicted class (which points count
             as correct, which class's variance is scored): ``predictive_mean`` or ``map``
             (the trained network alone).
+        temperature: divide sampled logits by this before the softmax (classification):
+            a float ``> 0``, a ``TemperatureScaling`` callback (its fitted temperature), or
+            ``"callback"`` (the ``TemperatureScaling`` in the trainer's callbacks); ``None``
+            leaves the samples unchanged.
     """
 
     #: ``regression``, ``classification`` or ``binary``; set by ``prepare``.
@@ -68,11 +86,20 @@ class PosteriorPredictiveCallback(Callback, ABC):
 
     def __init__(self, input_key: str | list[str] = "x", target_key: str = "y",
                  ood_dataloader_idx: int | None = None,
-                 varroc_prediction: Literal["predictive_mean", "map"] = "predictive_mean") -> None:
+                 varroc_prediction: Literal["predictive_mean", "map"] = "predictive_mean",
+                 temperature: float | TemperatureScaling | Literal["callback"] | None = None) -> None:
         super().__init__()
         if varroc_prediction not in VARROC_PREDICTIONS:
             raise ValueError(f"varroc_prediction must be 'predictive_mean' or 'map', got"
                              f" {varroc_prediction!r}.")
+        if isinstance(temperature, bool) or (isinstance(temperature, str) and temperature != "callback"):
+            raise ValueError(f"temperature must be a float, a TemperatureScaling or 'callback', got"
+                             f" {temperature!r}.")
+        if isinstance(temperature, int | float) and not (temperature > 0 and math.isfinite(temperature)):
+            raise ValueError(f"temperature must be a finite number > 0, got {temperature}.")
+        self.temperature = temperature
+        self._temperature_source: TemperatureScaling | None = (
+            temperature if isinstance(temperature, TemperatureScaling) else None)
         self.input_key, self.target_key = input_key, target_key
         self.ood_dataloader_idx = ood_dataloader_idx
         self.varroc_prediction = varroc_prediction
@@ -164,6 +191,45 @@ class PosteriorPredictiveCallback(Callback, ABC):
         scale, shift = getattr(pl_module, "output_affine", (1.0, 0.0))
         return float(scale), float(shift)
 
+    def current_temperature(self) -> float | None:
+        """The temperature that divides sampled logits now (``None``: no scaling).
+
+        Raises:
+            RuntimeError: ``temperature`` names a ``TemperatureScaling`` that has not fitted
+                one yet, or ``"callback"`` was not resolved (no such callback in the trainer).
+        """
+        if self.temperature is None:
+            return None
+        if isinstance(self.temperature, int | float):
+            return float(self.temperature)
+        source = self._temperature_source
+        if source is None:
+            raise RuntimeError(f"{type(self).__name__}(temperature='callback') needs a TemperatureScaling"
+                               " callback in the same Trainer's callbacks.")
+        if source.temperature is None:
+            raise RuntimeError(f"{type(self).__name__}: its TemperatureScaling has not fitted a temperature"
+                               " yet; run trainer.fit (with validation data) or trainer.validate first, or"
+                               " load a checkpoint that holds one.")
+        return float(source.temperature)
+
+    def tempered(self, samples: torch.Tensor) -> torch.Tensor:
+        """Sampled logits divided by ``current_temperature()`` (unchanged without one).
+
+        Raises:
+            ValueError: a temperature on a regression likelihood.
+        """
+        temperature = self.current_temperature()
+        if temperature is None:
+            return samples
+        if self.likelihood == "regression":
+            raise ValueError(f"{type(self).__name__}: a temperature scales classification logits; this"
+                             " is a regression likelihood, so pass temperature=None.")
+        return samples / temperature
+
+    def posterior_samples(self, pl_module: L.LightningModule, batch: Any) -> torch.Tensor:  # noqa: ANN401
+        """``sample`` with the temperature applied: what test metrics and predict outputs use."""
+        return self.tempered(self.sample(pl_module, batch))
+
     def probabilities(self, samples: torch.Tensor) -> torch.Tensor:
         """Per-sample class probabilities ``(B, S, C)`` (two columns for a binary logit)."""
         if self.likelihood == "binary":
@@ -221,6 +287,15 @@ class PosteriorPredictiveCallback(Callback, ABC):
 
     # -------------------------------------------------------------------- hooks
     @override
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if self.temperature == "callback":
+            found = [c for c in trainer.callbacks if isinstance(c, TemperatureScaling)]
+            if len(found) != 1:
+                raise ValueError(f"{type(self).__name__}(temperature='callback') needs exactly one"
+                                 f" TemperatureScaling in the Trainer's callbacks, found {len(found)}.")
+            self._temperature_source = found[0]
+
+    @override
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.prepare(trainer, pl_module)
         self.prepared = True
@@ -232,12 +307,14 @@ class PosteriorPredictiveCallback(Callback, ABC):
 
     def _build_metrics(self, n_classes: int, device: torch.device) -> None:
         if self.likelihood == "regression":
-            metrics = {"nll": GaussianNLL(), "lppd": LogPointwisePredictiveDensity(task="regression")}
+            metrics = {"nll": GaussianNLL(), "lppd": LogPointwisePredictiveDensity(task="regression"),
+                       "crps": EnsembleCRPS()}
         else:
             prediction = self.varroc_prediction
             metrics = {"accuracy": MulticlassAccuracy(num_classes=n_classes, average="micro"),
                        "ece": ExpectedCalibrationError(num_classes=n_classes, input_kind="probs"),
                        "nll": PredictiveNLL(input_kind="probs"),
+                       "brier": BrierScore(input_kind="probs"),
                        "lppd": LogPointwisePredictiveDensity(task="classification", input_kind="probs"),
                        "varroc_id": VarROC(mode="id", input_kind="probs", prediction=prediction)}
             if self.ood_dataloader_idx is not None:
@@ -247,7 +324,7 @@ class PosteriorPredictiveCallback(Callback, ABC):
     @override
     def on_test_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any,  # noqa: ANN401
                           batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:  # noqa: ANN401
-        samples = self.sample(pl_module, batch)
+        samples = self.posterior_samples(pl_module, batch)
         target = self.target(batch)
         if not self._metrics:
             self._build_metrics(max(samples.shape[-1], 2), samples.device)
@@ -257,6 +334,7 @@ class PosteriorPredictiveCallback(Callback, ABC):
             y = target.float().reshape(mean.shape)
             self._metrics["nll"].update(mean.flatten(), y.flatten(), var.flatten())
             self._metrics["lppd"].update(samples, y, self.noise_variance)
+            self._metrics["crps"].update(samples, y, self.noise_variance)
             return
         probs = self.probabilities(samples)
         varroc_kwargs = {}
@@ -271,22 +349,22 @@ class PosteriorPredictiveCallback(Callback, ABC):
             else:
                 metric.update(probs.mean(1) if name == "accuracy" else probs, target)
 
-    def _write_reliability_diagram(self, trainer: L.Trainer) -> Path | None:
-        """``reliability_<Callback>.png`` in the log dir, from the ECE metric's synced states."""
+    def _write_reliability_diagram(self, trainer: L.Trainer) -> list[str | Path]:
+        """Send the reliability diagram of the ECE metric's synced states to the loggers (every rank calls).
+
+        ``reliability_path`` is set to the PNG written, if any (no logger, or one without
+        an image API).
+        """
         ece = self._metrics.get("ece")
-        # The logger's own folder: trainer.log_dir would broadcast, a collective call here.
-        folder = getattr(trainer.logger, "log_dir", None) if trainer.logger is not None else None
-        if ece is None or folder is None:
-            return None
-        with ece.sync_context():  # all ranks' points (a no-op in one process)
-            confidence, correct = dim_zero_cat(ece.confidences), dim_zero_cat(ece.accuracies)
-        if not trainer.is_global_zero or confidence.numel() == 0:
-            return None
-        path = Path(folder) / f"reliability_{type(self).__name__}.png"
-        self.reliability_path = reliability_diagram_from_confidences(
-            confidence, correct, path, n_bins=ece.n_bins, title=type(self).__name__)
-        rank_zero_info(f"{type(self).__name__}: reliability diagram written to {path}")
-        return self.reliability_path
+        if ece is None:
+            return []
+        name = type(self).__name__
+        where = log_reliability_diagram(trainer, ece, f"uq/test/reliability/{name}", f"reliability_{name}",
+                                        title=name)
+        if where:
+            self.reliability_path = next((p for p in where if isinstance(p, Path)), None)
+            rank_zero_info(f"{name}: reliability diagram sent to {', '.join(map(str, where))}")
+        return where
 
     @override
     def on_test_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -305,4 +383,4 @@ class PosteriorPredictiveCallback(Callback, ABC):
         if not isinstance(outputs, dict):
             raise TypeError(f"{type(self).__name__} needs predict_step to return a dict to add"
                             " posterior_samples.")
-        outputs["posterior_samples"] = self.sample(pl_module, batch)
+        outputs["posterior_samples"] = self.posterior_samples(pl_module, batch)

@@ -39,6 +39,7 @@ from torch.optim.swa_utils import AveragedModel
 from typing_extensions import override
 
 from ripieno.callbacks.posterior_predictive import PosteriorPredictiveCallback
+from ripieno.callbacks.temperature_scaling import TemperatureScaling
 
 
 class _FlatVector(nn.Module):
@@ -86,6 +87,9 @@ class SWAGSampler(PosteriorPredictiveCallback):
         ood_dataloader_idx: index of a test dataloader holding OOD inputs.
         seed: seed of the sampler's own generator; the S parameter vectors are drawn
             once per ``prepare`` and reused for every batch and every test/predict run.
+        temperature: divide sampled logits by this before the softmax (classification): a
+            float, a ``TemperatureScaling`` callback or ``"callback"`` (see
+            ``PosteriorPredictiveCallback``); ``None`` (default) leaves them unchanged.
     """
 
     def __init__(
@@ -102,8 +106,9 @@ class SWAGSampler(PosteriorPredictiveCallback):
         target_key: str = "y",
         ood_dataloader_idx: int | None = None,
         seed: int = 0,
+        temperature: float | TemperatureScaling | Literal["callback"] | None = None,
     ) -> None:
-        super().__init__(input_key, target_key, ood_dataloader_idx)
+        super().__init__(input_key, target_key, ood_dataloader_idx, temperature=temperature)
         if n_samples < 1:
             raise ValueError(f"SWAG needs n_samples >= 1, got {n_samples}.")
         if isinstance(swa_start, bool) or not isinstance(swa_start, int | float):

@@ -319,7 +319,8 @@ def test_ddp_test_equals_one_process(tmp_path):
     """Every rank fits the same posterior (training data in a fixed order); test shards sync."""
     model, data = TinyClassifier(), TinyData()
     _trainer(tmp_path, LastLayerSampler(n_samples=4, max_iters=30)).fit(model, datamodule=data)
-    single = L.Trainer(logger=False, enable_progress_bar=False, callbacks=[LastLayerSampler(n_samples=4)])
+    single = L.Trainer(logger=False, enable_progress_bar=False, callbacks=[LastLayerSampler(n_samples=4)],
+                       default_root_dir=tmp_path)
     one = single.test(model, datamodule=data, verbose=False)[0]
     ddp = L.Trainer(accelerator="cpu", devices=2, strategy="ddp_spawn", logger=False,
                     enable_progress_bar=False, callbacks=[LastLayerSampler(n_samples=4), DestroyGlooAtExit()],
@@ -360,7 +361,8 @@ def test_baseline_ddp_test_equals_one_process(tmp_path, kind, rel):
     but laplace-torch draws its function-space GLM samples per batch, so sharded batches
     see other draws: equal up to Monte-Carlo error (S=400)."""
     model, data, callback = _prepared_callback(kind, tmp_path)
-    single = L.Trainer(logger=False, enable_progress_bar=False, callbacks=[callback])
+    single = L.Trainer(logger=False, enable_progress_bar=False, callbacks=[callback],
+                       default_root_dir=tmp_path)
     one = single.test(model, datamodule=data, verbose=False)[0]
     ddp = L.Trainer(accelerator="cpu", devices=2, strategy="ddp_spawn", logger=False,
                     enable_progress_bar=False, callbacks=[callback, DestroyGlooAtExit()],

@@ -13,7 +13,9 @@ The base owns the rest, once:
   loader) only pass through;
 * per-stage metric collections cloned from one definition (``build_metrics``), reset at
   every epoch start (a ``ddp_spawn`` fit hands back synced states); classification NLL is
-  ``PredictiveNLL`` of the member probabilities, i.e. the NLL of their mean;
+  ``PredictiveNLL`` of the member probabilities, i.e. the NLL of their mean, and ``brier``
+  the Brier score of that mean; regression ``crps`` scores the members' empirical
+  distribution (``EnsembleCRPS``; one member: its absolute error);
 * ``predict_step``: ``prediction`` and ``member_predictions`` (``PredictOutput``);
 * ``configure_optimizers``: AdamW (``lr``, ``weight_decay`` hyperparameters) over
   ``optimizer_parameters()``, and the ``build_lr_scheduler`` hook;
@@ -47,7 +49,7 @@ from ripieno.framework.members import (
 )
 from ripieno.framework.methods.loss_terms import LossTermsMixin
 from ripieno.framework.methods.rng_state import RNGStateMixin
-from ripieno.framework.metrics.uq import PredictiveNLL
+from ripieno.framework.metrics.uq import BrierScore, EnsembleCRPS, PredictiveNLL
 
 EVAL_STAGES = ("val", "test")
 PROGRESS_BAR_METRICS = ("accuracy", "rmse")
@@ -142,16 +144,21 @@ class MemberModule(LossTermsMixin, RNGStateMixin, L.LightningModule):
         """The metrics of one stage, by kind; cloned for validation and test.
 
         Classification: micro ``accuracy`` of the mean member probabilities, ``nll``
-        (``PredictiveNLL``), top-label ``ece`` (15 bins) and, for two classes, ``auroc``.
-        Regression: ``rmse``, ``mae`` and ``r2`` of the mean member output.
+        (``PredictiveNLL``), ``brier`` (``BrierScore``, summed over classes: ``[0, 2]``),
+        top-label ``ece`` (15 bins) and, for two classes, ``auroc``. Regression: ``rmse``,
+        ``mae`` and ``r2`` of the mean member output, and ``crps`` of the member outputs
+        (``EnsembleCRPS``); all four in the units of ``member_outputs`` and the target (the
+        modelled target's).
         """
         if self.member_output_kind == "regression":
             return {"rmse": torchmetrics.MeanSquaredError(squared=False),
-                    "mae": torchmetrics.MeanAbsoluteError(), "r2": torchmetrics.R2Score()}
+                    "mae": torchmetrics.MeanAbsoluteError(), "r2": torchmetrics.R2Score(),
+                    "crps": EnsembleCRPS()}
         n = int(self.n_classes or 2)
         metrics: dict[str, Metric] = {
             "accuracy": torchmetrics.Accuracy(task="multiclass", num_classes=n, average="micro"),
             "nll": PredictiveNLL(input_kind="probs"),
+            "brier": BrierScore(input_kind="probs"),
             "ece": torchmetrics.CalibrationError(task="multiclass", num_classes=n, n_bins=15),
         }
         if n == 2:
@@ -162,10 +169,13 @@ class MemberModule(LossTermsMixin, RNGStateMixin, L.LightningModule):
         """Update a stage's metrics with a step's output; returns the number of rows scored."""
         outputs, target = out["member_outputs"].detach(), out["target"]
         if self.member_output_kind == "regression":
-            prediction = member_values(outputs).mean(1)
+            values = member_values(outputs)
+            prediction = values.mean(1)
             for name in ("rmse", "mae", "r2"):
                 if name in metrics:
                     metrics[name].update(prediction, target.float())
+            if "crps" in metrics:
+                metrics["crps"].update(values, target.float())
             return len(target)
         scored = self.scored_rows(target)
         if scored is not None:
@@ -176,6 +186,8 @@ class MemberModule(LossTermsMixin, RNGStateMixin, L.LightningModule):
         prediction, target = probs.mean(1), target.long()
         metrics["accuracy"].update(prediction, target)
         metrics["nll"].update(probs, target)
+        if "brier" in metrics:
+            metrics["brier"].update(probs, target)
         if "ece" in metrics:
             metrics["ece"].update(prediction, target)
         if "auroc" in metrics:

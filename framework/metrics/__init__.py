@@ -3,6 +3,8 @@
 from ripieno.framework.metrics.diversity import Ambiguity, MemberDisagreement, PairwiseKLDivergence
 from ripieno.framework.metrics.reliability import reliability_diagram
 from ripieno.framework.metrics.uq import (
+    BrierScore,
+    EnsembleCRPS,
     ExpectedCalibrationError,
     GaussianNLL,
     LogPointwisePredictiveDensity,
@@ -12,6 +14,8 @@ from ripieno.framework.metrics.uq import (
 
 __all__ = [
     "Ambiguity",
+    "BrierScore",
+    "EnsembleCRPS",
     "ExpectedCalibrationError",
     "GaussianNLL",
     "LogPointwisePredictiveDensity",

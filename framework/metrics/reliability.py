@@ -1,4 +1,4 @@
-"""Reliability diagram of a predictive distribution, written as a PNG.
+"""Reliability diagram of a predictive distribution, as a matplotlib figure or a PNG.
 
 Bins are torchmetrics' equal-width confidence bins (those of ``ExpectedCalibrationError``),
 and the ECE in the title is the same number that metric reports. The figure is drawn
@@ -66,7 +66,7 @@ def reliability_diagram_from_confidences(
     title: str | None = None,
     ece: float | None = None,
 ) -> Path:
-    """The same diagram from top-label confidences and 0/1 correctness per point.
+    """The same diagram from top-label confidences and 0/1 correctness per point, as a PNG.
 
     These are the ``confidences``/``accuracies`` states of torchmetrics' calibration
     error, so a callback can draw the diagram of exactly what its ECE metric saw (after
@@ -75,13 +75,35 @@ def reliability_diagram_from_confidences(
     Args:
         confidence: ``(N,)`` top-label probabilities.
         correct: ``(N,)`` 1 where the top label is right, else 0.
-        path: where to write the PNG.
+        path: where to write the PNG (parent folders are created).
         n_bins: number of equal-width confidence bins on ``[0, 1]``.
         title: text put before the ECE in the title.
         ece: the ECE to print (default: computed from these bins).
 
     Returns:
         The path of the written PNG.
+    """
+    fig = reliability_figure(confidence, correct, n_bins, title, ece)
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, format="png")
+    return out
+
+
+def reliability_figure(
+    confidence: Tensor,
+    correct: Tensor,
+    n_bins: int = 15,
+    title: str | None = None,
+    ece: float | None = None,
+) -> Figure:
+    """The reliability diagram of top-label confidences as a matplotlib ``Figure`` (Agg canvas).
+
+    What a logger's image API takes (TensorBoard's ``add_figure``); arguments as
+    ``reliability_diagram_from_confidences``.
+
+    Returns:
+        A figure that belongs to no ``pyplot`` state (nothing to close).
     """
     confidence, correct = confidence.detach().float().cpu(), correct.detach().float().cpu()
     # torchmetrics' bins are [b_i, b_{i+1}); a confidence of exactly 1 joins the last bin here.
@@ -108,8 +130,4 @@ def reliability_diagram_from_confidences(
     ax.legend(loc="upper left")
     ax.set_title(f"{title}  (ECE = {ece:.4f})" if title else f"ECE = {ece:.4f}")
     fig.tight_layout()
-
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, format="png")
-    return out
+    return fig

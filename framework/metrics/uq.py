@@ -9,10 +9,15 @@ predictive mean and variance shaped like the target.
 * ``ExpectedCalibrationError``: top-label l1 ECE of the predictive mean probability,
   through torchmetrics' ``MulticlassCalibrationError``.
 * ``PredictiveNLL``: ``-mean_i log mean_s p_s(y_i)``.
+* ``BrierScore``: ``mean_i sum_c (pbar_ic - 1[y_i = c])^2`` of the predictive mean ``pbar``
+  (summed over classes, not halved: range ``[0, 2]``).
 * ``LogPointwisePredictiveDensity``: ``mean_i log mean_s p(y_i | theta_s)`` for
   classification (``= -PredictiveNLL``) or a Gaussian likelihood (regression).
 * ``GaussianNLL``: Gaussian NLL of a predictive mean and variance, constant included
   (as ``torch.nn.GaussianNLLLoss(full=True)``).
+* ``EnsembleCRPS``: CRPS of the members' empirical distribution, torchmetrics'
+  ``ContinuousRankedProbabilityScore`` (``E|X - y| - E|X - X'| / 2``), or of the equal-weight
+  Gaussian mixture around them when an observation-noise variance is given (closed form).
 * ``VarROC``: AUROC of the across-sample variance of the predicted-class probability,
   separating misclassified (``id``) or out-of-distribution (``ood``) points from
   correctly classified ones ("Is the last layer sufficient for uncertainty
@@ -34,6 +39,7 @@ from torch import Tensor
 from torchmetrics import Metric
 from torchmetrics.classification import MulticlassCalibrationError
 from torchmetrics.functional.classification import binary_auroc
+from torchmetrics.regression import ContinuousRankedProbabilityScore
 from torchmetrics.utilities import dim_zero_cat, rank_zero_warn
 
 from ripieno.framework.metrics.diversity import member_log_probs
@@ -255,6 +261,53 @@ class PredictiveNLL(_MeanState):
             self._accumulate(-log_predictive_probability(x, target, self.input_kind))
 
 
+class BrierScore(_MeanState):
+    """Multiclass Brier score of the predictive mean, ``mean_i sum_c (pbar_ic - 1[y_i = c])^2``.
+
+    ``pbar = mean_s p_s`` is averaged over samples in probability space first, as for
+    ``PredictiveNLL``. Scale: the squared error is *summed* over classes and not halved
+    (Brier's original score), so values lie in ``[0, 2]``; this is scikit-learn's
+    ``brier_score_loss(y, pbar, scale_by_half=False)``, its default for three or more
+    classes. For two classes it is twice the binary Brier score ``mean_i (pbar_i1 - y_i)^2``
+    (scikit-learn's binary default).
+
+    Example:
+        >>> import torch
+        >>> metric = BrierScore(input_kind="probs")
+        >>> metric.update(torch.tensor([[0.8, 0.2], [0.4, 0.6]]), torch.tensor([0, 0]))
+        >>> metric.compute()  # ((0.2^2 + 0.2^2) + (0.6^2 + 0.6^2)) / 2
+        tensor(0.4000)
+
+    Args:
+        input_kind: ``logits`` or ``probs``.
+        validate_args: check target range and probability range (costs a device sync).
+        kwargs: passed to ``torchmetrics.Metric``.
+    """
+
+    is_differentiable = True
+    higher_is_better = False
+
+    def __init__(self, input_kind: InputKind = "logits", validate_args: bool = True, **kwargs) -> None:  # noqa: ANN003
+        _check_kind(input_kind)
+        super().__init__(validate_args=validate_args, **kwargs)
+        self.input_kind = input_kind
+
+    def update(self, outputs: Tensor, target: Tensor) -> None:
+        """Accumulate a batch.
+
+        Args:
+            outputs: ``(B, S, C)`` per-sample logits or probabilities, or ``(B, C)``.
+            target: ``(B,)`` integer class labels.
+        """
+        x = _as_samples(outputs)
+        _check_target(target, x, self.validate_args)
+        _check_probs(x, self.input_kind, self.validate_args)
+        with torch.autocast(x.device.type, enabled=False):
+            mean_probs = sample_probs(x, self.input_kind).mean(1)
+            onehot = torch.nn.functional.one_hot(target.long(), mean_probs.shape[-1]).float()
+            self._accumulate((mean_probs - onehot).square().sum(-1))
+
+
 class LogPointwisePredictiveDensity(_MeanState):
     """Mean over points of ``log (1/S) sum_s p(y_i | theta_s)`` (higher is better).
 
@@ -349,6 +402,96 @@ class GaussianNLL(_MeanState):
             total_var = v + mu.var(1, correction=0)  # zero for a single prediction
             nll = 0.5 * (_LOG_2PI + total_var.log() + (target.float() - mean) ** 2 / total_var)
         self._accumulate(nll)
+
+
+def _normal_abs_moment(mean: Tensor, sd: Tensor) -> Tensor:
+    """``E|Z|`` for ``Z ~ N(mean, sd^2)``: ``mean (2 Phi(mean/sd) - 1) + 2 sd phi(mean/sd)``."""
+    z = mean / sd
+    return mean * (2 * torch.special.ndtr(z) - 1) + 2 * sd * torch.exp(-0.5 * z * z) / math.sqrt(2 * math.pi)
+
+
+def gaussian_mixture_crps(preds: Tensor, target: Tensor, noise_var: Tensor) -> Tensor:
+    """CRPS of ``(1/M) sum_m N(preds_m, noise_var)`` per row, in closed form.
+
+    ``CRPS = E|X - y| - E|X - X'| / 2`` with ``X, X'`` independent draws of the mixture;
+    both expectations are means of ``E|N(mu, v)|`` (Grimit et al., 2006).
+
+    Args:
+        preds: ``(N, M)`` mixture means.
+        target: ``(N,)`` observations.
+        noise_var: ``(N,)`` positive component variance.
+
+    Returns:
+        ``(N,)`` CRPS values, float32.
+    """
+    mu, y = preds.float(), target.float()
+    sd = noise_var.float().sqrt()[:, None]
+    first = _normal_abs_moment(y[:, None] - mu, sd).mean(1)
+    second = _normal_abs_moment(mu[:, :, None] - mu[:, None, :], math.sqrt(2.0) * sd[:, :, None]).mean((1, 2))
+    return first - 0.5 * second
+
+
+class EnsembleCRPS(ContinuousRankedProbabilityScore):
+    """Continuous ranked probability score of member (or posterior-sample) predictions.
+
+    Lower is better; in the target's units. Without ``noise_var`` it is torchmetrics'
+    ``ContinuousRankedProbabilityScore``, the CRPS of the members' empirical distribution:
+    ``mean_m |x_m - y| - sum_{m, m'} |x_m - x_m'| / (2 M^2)``. Additions, so that every
+    regression module can log it: one member (``M = 1``, which torchmetrics refuses) scores
+    ``|x - y|``, the CRPS of a point mass (a single network reports its MAE); ``(B, M, 1)``
+    and multi-output ``(B, M, D)`` inputs (each output one forecast); autocast disabled; a
+    0-d result. With ``noise_var`` ``sigma^2`` it scores the predictive a posterior sampler
+    means, the mixture ``(1/M) sum_m N(x_m, sigma^2)``, in closed form (``gaussian_mixture_crps``;
+    it tends to the empirical CRPS as ``sigma^2 -> 0``).
+
+    Example:
+        >>> import torch
+        >>> metric = EnsembleCRPS()
+        >>> metric.update(torch.tensor([[0.0, 2.0]]), torch.tensor([0.0]))
+        >>> metric.compute()  # (|0 - 0| + |2 - 0|) / 2 - (|0 - 2| + |2 - 0|) / (2 * 4)
+        tensor(0.5000)
+
+    Args:
+        validate_args: check ``noise_var > 0`` (costs a device sync).
+        kwargs: passed to ``torchmetrics.Metric``.
+    """
+
+    def __init__(self, validate_args: bool = True, **kwargs) -> None:  # noqa: ANN003
+        super().__init__(**kwargs)
+        self.validate_args = validate_args
+
+    def update(self, preds: Tensor, target: Tensor, noise_var: Tensor | float | None = None) -> None:
+        """Accumulate a batch.
+
+        Args:
+            preds: member predictions ``(B, M)``, ``(B, M, 1)`` (for a ``(B,)`` target) or
+                ``(B, M, *target.shape[1:])``.
+            target: observations ``(B,)`` or ``(B, ...)``.
+            noise_var: observation-noise variance of a Gaussian around each member, a scalar
+                or broadcastable to ``target``; ``None`` for the members' empirical distribution.
+        """
+        if preds.ndim == target.ndim + 2 and preds.shape[-1] == 1:
+            preds = preds[..., 0]
+        if preds.ndim != target.ndim + 1 or (preds.shape[0], *preds.shape[2:]) != target.shape:
+            expected = (target.shape[0], "members", *target.shape[1:])
+            raise ValueError(f"Expected member predictions shaped {expected} for a target shaped"
+                             f" {tuple(target.shape)}, got {tuple(preds.shape)}.")
+        var = None if noise_var is None else _variance(noise_var, target, self.validate_args, "noise_var")
+        with torch.autocast(preds.device.type, enabled=False):
+            x = preds.float().movedim(1, -1).reshape(-1, preds.shape[1])  # (B * D, M)
+            y = target.float().reshape(-1)
+            if var is not None:
+                self.score += gaussian_mixture_crps(x, y, var.reshape(-1)).sum()
+                self.total += y.numel()
+            elif x.shape[1] == 1:
+                self.score += (x[:, 0] - y).abs().sum()
+                self.total += y.numel()
+            else:
+                super().update(x, y)
+
+    def compute(self) -> Tensor:
+        """Mean CRPS over all accumulated forecasts (0-d)."""
+        return (self.score / self.total).reshape(())
 
 
 _ID_CORRECT, _ID_WRONG, _OOD = 0, 1, 2
