@@ -107,8 +107,9 @@ class LastLayerSampler(PosteriorPredictiveCallback):
             order, re-batched).
         lr: ``least_squares_logits``: SGD step size.
         momentum: ``least_squares_logits``: heavy-ball momentum.
-        progress_bar: show a progress bar over the ``least_squares_logits`` solve (default:
-            when the trainer shows its own, on rank 0).
+        progress_bar: show a progress bar over the posterior solve (CG or SGD for
+            ``laplace_ggn``, the SGD epochs of ``least_squares_logits``; default: when the
+            trainer shows its own, on rank 0).
         varroc_prediction: VARROC's predicted class: ``predictive_mean`` or ``map`` (see
             ``PosteriorPredictiveCallback``).
         temperature: divide the sampled logits by this before the softmax (classification),
@@ -250,6 +251,7 @@ class LastLayerSampler(PosteriorPredictiveCallback):
                 sampler = GLMPosteriorSampler(
                     lin, likelihood, prior_precision=lam, noise_variance=noise or 1.0,
                     n_samples=self.n_samples, solver=self.solver, max_iters=self.max_iters, seed=self.seed,
+                    progress=self.show_progress(trainer, self.progress_bar),
                 ).fit(loader, target_fn)
                 score = self._validation_lppd(trainer, sampler) if len(grid) > 1 else 0.0
                 self.validation_lppd[lam] = score
@@ -279,10 +281,7 @@ class LastLayerSampler(PosteriorPredictiveCallback):
         self.likelihood, self.noise_variance, self.affine = likelihood, 1.0, (1.0, 0.0)
         cfg = self.settings
         loader = self.ordered_train_loader(trainer, cfg["batch_size"])
-        progress = self.progress_bar
-        if progress is None:
-            progress = trainer.progress_bar_callback is not None
-        progress = bool(progress) and trainer.is_global_zero
+        progress = self.show_progress(trainer, self.progress_bar)
         with torch.inference_mode(False), torch.enable_grad():
             lin = self._linearization(pl_module, self.input_fn(pl_module))
             sampler = LeastSquaresLogitSampler(

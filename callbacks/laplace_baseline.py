@@ -95,6 +95,8 @@ class LaplaceSampler(PosteriorPredictiveCallback):
         temperature: divide sampled logits by this before the softmax (classification): a
             float, a ``TemperatureScaling`` callback or ``"callback"`` (see
             ``PosteriorPredictiveCallback``); ``None`` (default) leaves them unchanged.
+        progress_bar: show laplace-torch's progress bars over the curvature fit and the prior
+            tuning (default: when the trainer shows its own, on rank 0).
     """
 
     def __init__(
@@ -113,8 +115,10 @@ class LaplaceSampler(PosteriorPredictiveCallback):
         ood_dataloader_idx: int | None = None,
         seed: int = 0,
         temperature: float | TemperatureScaling | Literal["callback"] | None = None,
+        progress_bar: bool | None = None,
     ) -> None:
         super().__init__(input_key, target_key, ood_dataloader_idx, temperature=temperature)
+        self.progress_bar = progress_bar
         if subset_of_weights not in ("last_layer", "all"):
             raise ValueError(f"subset_of_weights must be 'last_layer' or 'all', got {subset_of_weights!r}.")
         if hessian_structure not in ("kron", "full", "diag"):
@@ -209,13 +213,15 @@ class LaplaceSampler(PosteriorPredictiveCallback):
                 la = Laplace(_TensorInputModel(pl_module), likelihood,
                              subset_of_weights=self.subset_of_weights,
                              hessian_structure=self.hessian_structure, **kwargs)
-                la.fit(_XYLoader(loader, self._to_xy(device)))
+                progress = self.show_progress(trainer, self.progress_bar)
+                la.fit(_XYLoader(loader, self._to_xy(device)), progress_bar=progress)
                 if self.optimize_prior:
                     with warnings.catch_warnings():
                         warnings.filterwarnings("ignore", message=".*link_approx.*")
                         la.optimize_prior_precision(pred_type="glm", method="marglik",
                                                     init_prior_prec=self.prior_precision,
-                                                    prior_structure=self.prior_structure)
+                                                    prior_structure=self.prior_structure,
+                                                    progress_bar=progress)
             finally:
                 self._restore_modes(modes)
         self.la = la

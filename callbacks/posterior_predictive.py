@@ -276,6 +276,15 @@ class PosteriorPredictiveCallback(Callback, ABC):
         """Whether ``prepare`` must run again (e.g. other weights were loaded); default no."""
         return False
 
+    @staticmethod
+    def show_progress(trainer: L.Trainer, setting: bool | None) -> bool:
+        """Whether a fit shows a progress bar: ``setting``, else when the Trainer shows its own.
+
+        Only global rank 0 ever shows one.
+        """
+        show = trainer.progress_bar_callback is not None if setting is None else bool(setting)
+        return show and trainer.is_global_zero
+
     def _ensure_prepared(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.prepared and self.is_stale(pl_module):
             rank_zero_info(f"{type(self).__name__}: the weights changed since it was prepared (a"

@@ -373,3 +373,13 @@ def test_baseline_ddp_test_equals_one_process(tmp_path, kind, rel):
                                                         "uq/test/varroc_id")
     for name in names:
         assert two[name] == pytest.approx(one[name], rel=rel, abs=1e-7), name
+
+
+@pytest.mark.parametrize("solver", ["cg", "sgd"])
+def test_glm_solve_shows_a_progress_bar_only_when_asked(tmp_path, capsys, solver):
+    model, data = TinyClassifier(), TinyData()
+    for shown in (True, False):
+        callback = LastLayerSampler(n_samples=2, max_iters=3, solver=solver, progress_bar=shown)
+        _trainer(tmp_path, callback).fit(model, datamodule=data)
+        err = capsys.readouterr().err
+        assert ("GLM posterior solve" in err) == shown

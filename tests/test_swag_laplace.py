@@ -360,3 +360,21 @@ def test_laplace_missing_dependency_names_the_install_command(monkeypatch):
     monkeypatch.setitem(sys.modules, "laplace", None)
     with pytest.raises(ImportError, match="pip install 'laplace-torch==0.3'"):
         LaplaceSampler().prepare(None, TinyModel())
+
+
+def test_laplace_fit_progress_bars_follow_the_setting(tmp_path, monkeypatch):
+    pytest.importorskip("laplace")
+    import laplace.baselaplace as base
+
+    seen = []
+    original = base.ParametricLaplace.fit
+
+    def spy(self, train_loader, override=True, progress_bar=False):
+        seen.append(progress_bar)
+        return original(self, train_loader, override=override, progress_bar=progress_bar)
+
+    monkeypatch.setattr(base.ParametricLaplace, "fit", spy)
+    for shown in (True, False, None):  # None: the trainer's bar (off in _trainer)
+        callback = LaplaceSampler(n_samples=2, optimize_prior=False, progress_bar=shown)
+        _trainer(tmp_path, [callback], max_epochs=1).fit(TinyModel(), datamodule=TinyData())
+    assert seen == [True, False, False]

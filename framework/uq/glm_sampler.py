@@ -40,6 +40,7 @@ from typing import Any, Literal
 
 import torch
 from torch import Tensor
+from tqdm.auto import tqdm
 
 from ripieno.framework.uq.linearization import FullNetworkLinearization, LastLayerLinearization
 
@@ -66,6 +67,7 @@ class GLMPosteriorSampler:
         lr: SGD step size (``sgd``).
         momentum: SGD Nesterov momentum (``sgd``).
         seed: seed of the sampler's own generator (samples do not touch global RNGs).
+        progress: show a tqdm bar over the solve (CG iterations or SGD epochs).
     """
 
     def __init__(
@@ -82,6 +84,7 @@ class GLMPosteriorSampler:
         lr: float = 1e-3,
         momentum: float = 0.9,
         seed: int = 0,
+        progress: bool = False,
     ) -> None:
         if likelihood not in ("regression", "classification", "binary"):
             raise ValueError(
@@ -97,7 +100,7 @@ class GLMPosteriorSampler:
         self.likelihood, self.center, self.solver = likelihood, center, solver
         self.prior_precision, self.noise_variance = float(prior_precision), float(noise_variance)
         self.n_samples, self.max_iters, self.tol = n_samples, max_iters, tol
-        self.lr, self.momentum, self.seed = lr, momentum, seed
+        self.lr, self.momentum, self.seed, self.progress = lr, momentum, seed, progress
         self.theta_star = linearization.theta_star()
         self.z: Tensor | None = None
         self._cache: list[tuple[Any, Tensor, Tensor]] | None = None
@@ -201,9 +204,12 @@ class GLMPosteriorSampler:
         rs = (r * r).sum(1)
         target = (self.tol**2) * (rhs * rhs).sum(1)
         self.cg_iterations = 0
+        bar = tqdm(total=self.max_iters, disable=not self.progress, desc="GLM posterior solve (CG)",
+                   leave=False)
         for _ in range(self.max_iters):
             if bool((rs <= target).all()):
                 break
+            bar.update(1)
             hp = self._hvp(p)
             alpha = rs / (p * hp).sum(1).clamp_min(1e-30)
             x = x + alpha[:, None] * p
@@ -212,13 +218,16 @@ class GLMPosteriorSampler:
             p = r + (rs_new / rs.clamp_min(1e-30))[:, None] * p
             rs = rs_new
             self.cg_iterations += 1
+        bar.close()
         return x
 
     def _solve_sgd(self, rhs: Tensor) -> Tensor:
         z = torch.zeros_like(rhs, requires_grad=True)
         optimizer = torch.optim.SGD([z], lr=self.lr, momentum=self.momentum, nesterov=True)
         anchor = rhs / self.prior_precision
-        for _ in range(self.max_iters):
+        epochs = tqdm(range(self.max_iters), disable=not self.progress, desc="GLM posterior solve (SGD)",
+                      leave=False)
+        for _ in epochs:
             batches = list(self._passes()) if self._cache is None else self._cache
             for features, outputs, _ in batches:
                 optimizer.zero_grad(set_to_none=True)
