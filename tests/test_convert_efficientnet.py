@@ -114,18 +114,20 @@ def test_hidden_states_are_the_stem_the_seven_stages_and_the_head(models, pixels
     assert (pool(states[-1], ones, "mean") - head.mean((2, 3))).abs().max() < 1e-4  # global average pooling
 
 
-def test_layer_embeddings_of_a_cnn_need_mean_pooling_and_one_width(models, pixels):
+def test_layer_embeddings_of_a_cnn_need_mean_pooling_and_keep_each_width(models, pixels):
     _, timm_model = models
     batch = {"pixel_values": pixels, "y": torch.tensor([0, 1, 2])}
     with pytest.raises(ValueError, match="pooling='mean'"):
         extract_layer_embeddings(timm_model, [batch], ["pixel_values"], "cls", progress=False)
-    with pytest.raises(ValueError, match=r"different widths \[32, 16, 24, 40, 80, 112, 192, 320, 1280\]"):
-        extract_layer_embeddings(timm_model, [batch], ["pixel_values"], "mean", progress=False)
+    ragged, _ = extract_layer_embeddings(timm_model, [batch], ["pixel_values"], "mean", progress=False)
+    assert [e.shape for e in ragged] == [(3, w) for w in STAGE_WIDTHS]  # a list: the widths differ
+    with torch.no_grad():
+        states = hidden_states(timm_model, {"pixel_values": pixels})
+    for e, s in zip(ragged, states, strict=True):
+        assert (e - s.mean(1)).abs().max() < 1e-5  # global average pooling of each stage
     stage = [f"blocks.5.{i}" for i in range(4)]  # the four 192-wide blocks of stage 5
     emb, _ = extract_layer_embeddings(timm_model, [batch], ["pixel_values"], "mean", progress=False,
                                       layer_names=stage)
-    with torch.no_grad():
-        states = hidden_states(timm_model, {"pixel_values": pixels})
     assert emb.shape == (4, 3, 192)
     assert (emb[-1] - states[6].mean(1)).abs().max() < 1e-5  # the stage's last block is the stage output
 

