@@ -182,7 +182,8 @@ class LayerEmbeddingDataModule(SplitDataModule):
             the cache holds rows in their own order either way).
         finetune_backbone: serve the source's batches for fine-tuning instead of features.
         scores_path: write the selection's score table to this CSV.
-        progress: progress bars during extraction.
+        progress: progress bars during extraction; ``None`` (default): on, except that the
+            ripieno CLI sets it to the Trainer's ``enable_progress_bar``.
         split_seed: seed of the training order (the source's splits are its own).
         batch_size: training batch size (features; the source's own when fine-tuning).
         eval_batch_size: batch size of evaluation and of the extraction passes.
@@ -215,7 +216,7 @@ class LayerEmbeddingDataModule(SplitDataModule):
         bucket_by_length: bool = True,
         finetune_backbone: bool = False,
         scores_path: str | None = None,
-        progress: bool = True,
+        progress: bool | None = None,
         split_seed: int = 0,
         batch_size: int = 64,
         eval_batch_size: int = 256,
@@ -357,7 +358,7 @@ class LayerEmbeddingDataModule(SplitDataModule):
                 rank_zero_info("LayerEmbeddingDataModule: the source gives no input_fingerprint(split); the"
                                " cache key hashes every preprocessed batch (a full pass, even on a hit).")
             emb, labels, path, hit = cached_layer_embeddings(
-                load_model, loader, input_keys, hp.cache_dir, hp.pooling, progress=hp.progress,
+                load_model, loader, input_keys, hp.cache_dir, hp.pooling, progress=hp.progress is not False,
                 model_id=model_id, data_id=data_id, device=self.extraction_device(),
                 layer_names=hp.layer_names)
             features[split] = (layer_list(emb), labels)

@@ -30,9 +30,15 @@ Outputs under ``out``: ``<dataset>/selection_runs.csv`` and ``selection_summary.
 ``bbc_news_georeg/<selection>/georeg_runs.csv`` and ``georeg_summary.md``, ``claims.md``
 and ``settings.json``. ``--from_csv`` rebuilds the rows from those CSVs without training.
 
+``--encoders`` runs the selection study on the real vision and speech encoders instead
+(EfficientNet-Lite0 ImageNet weights on MNIST 5k, the Whisper tiny.en encoder on spoken
+digits with the real asterisk voice as test set; K = 1..3; the scalar mix is skipped on
+EfficientNet, whose layers differ in width) into ``docs/results/claims/loes_encoders``.
+
 Example (about 40 minutes on two cores; the first run also extracts the embeddings)::
 
     python -m experiments.claims_loes --out docs/results/claims/loes
+    python -m experiments.claims_loes --encoders  # about 25 minutes, extraction included
 """
 
 from __future__ import annotations
@@ -54,8 +60,24 @@ from experiments.runs import results_dir
 DATASETS: dict[str, tuple[str, str]] = {
     "rotten_tomatoes": ("loes/text_minilm_loes", "Rotten Tomatoes (binary)"),
     "bbc_news": ("loes/text_minilm_loes_bbc_news", "BBC News (5 topics)"),
+    "mnist_5k": ("loes/vision_efficientnet_lite0_loes", "MNIST 5k digits (10 classes, resized to 224 px)"),
+    "spoken_digits": ("loes/audio_whisper_tiny_en_loes",
+                      "espeak-ng spoken digits, tested on the real asterisk recordings (10 words)"),
 }
-SHORT = {"rotten_tomatoes": "RT", "bbc_news": "BBC"}
+SHORT = {"rotten_tomatoes": "RT", "bbc_news": "BBC", "mnist_5k": "MNIST", "spoken_digits": "Digits"}
+#: dataset -> the frozen encoder and its candidate layers.
+ENCODERS = {
+    "rotten_tomatoes": "frozen MiniLM (all-MiniLM-L6-v2, mean-pooled hidden states 1-6)",
+    "bbc_news": "frozen MiniLM (all-MiniLM-L6-v2, mean-pooled hidden states 1-6)",
+    "mnist_5k": ("frozen EfficientNet-Lite0 (ImageNet; global-average-pooled stages 1-7 and head, widths"
+                 " 16-1280)"),
+    "spoken_digits": "frozen Whisper tiny.en encoder (mean-pooled hidden states 1-4 over the audio frames)",
+}
+#: the text datasets of the main study (MiniLM); the real vision and speech encoders run with --encoders.
+TEXT_DATASETS = ("rotten_tomatoes", "bbc_news")
+ENCODER_DATASETS = ("mnist_5k", "spoken_digits")
+#: variants a dataset cannot run: the scalar mix needs layers of one width (EfficientNet's differ).
+SKIP: dict[str, tuple[str, ...]] = {"mnist_5k": ("scalar mix (all layers)",)}
 GEOREG_RECIPE = "loes/text_minilm_georeg_bbc_news"
 GEOREG_WEIGHT = 0.1
 #: Layer selection of the GeoReg runs -> extra overrides (the recipe's own LOES is ours).
@@ -72,14 +94,20 @@ class Budget:
         seeds: the seeds of every variant.
         ks: the layer budgets.
         overrides: extra CLI overrides per dataset (and ``georeg`` for the GeoReg runs).
+        datasets: the selection study's datasets.
+        georeg: whether the GeoReg study runs too (BBC News, MiniLM).
     """
 
     seeds: tuple[int, ...]
     ks: tuple[int, ...]
     overrides: dict[str, tuple[str, ...]]
+    datasets: tuple[str, ...] = TEXT_DATASETS
+    georeg: bool = True
 
 
 FULL = Budget(seeds=(0, 1, 2), ks=(1, 2, 3, 4), overrides={})
+#: the real vision and speech encoders (``--encoders``): 8 and 4 candidate layers, K = 1..3.
+ENCODERS_FULL = Budget(seeds=(0, 1, 2), ks=(1, 2, 3), overrides={}, datasets=ENCODER_DATASETS, georeg=False)
 _SMALL_BBC = ("data.init_args.source.init_args.max_rows=300", "data.init_args.source.init_args.max_length=64",
               "trainer.max_epochs=2")
 REDUCED = Budget(seeds=(0,), ks=(2,), overrides={
@@ -95,10 +123,11 @@ def _override_args(overrides: Sequence[str]) -> list[str]:
 def run_selection(dataset: str, budget: Budget, out: Path) -> pd.DataFrame:
     """Every selection variant of ``loes_comparison`` on one dataset; rows of ``selection_runs.csv``."""
     recipe = DATASETS[dataset][0]
+    skips = [arg for label in SKIP.get(dataset, ()) for arg in ("--skip", label)]
     return loes_comparison.main([
         "--mode", "selection", "--recipe", recipe, "--ks", *map(str, budget.ks),
         "--seeds", *map(str, budget.seeds), "--out", str(out / dataset),
-        *_override_args(budget.overrides.get(dataset, ()))])
+        *_override_args(budget.overrides.get(dataset, ())), *skips])
 
 
 def run_georeg(selection: str, budget: Budget, out: Path) -> pd.DataFrame:
@@ -127,6 +156,9 @@ def _accuracy_text(frames: dict[str, pd.DataFrame], name: str, ks: Sequence[int]
     """``"RT: K=1 0.768 ± 0.004, ...; BBC: ..."`` (``name`` may hold ``{k}``)."""
     parts = []
     for dataset, frame in frames.items():
+        if not (frame["variant"] == name.format(k=ks[0])).any():
+            parts.append(f"{SHORT[dataset]}: n/a")
+            continue
         if "{k}" in name:
             cells = ", ".join(f"K={k} {mean_std(_values(frame, name.format(k=k)))}" for k in ks)
         else:
@@ -170,9 +202,10 @@ def selection_rows(frames: dict[str, pd.DataFrame], budget: Budget, reduced: boo
                    command: str) -> list[ClaimRow]:
     """One row per baseline of :data:`SELECTION_CLAIMS`, over every dataset and K."""
     seeds = ", ".join(map(str, budget.seeds))
-    data = ("frozen MiniLM (all-MiniLM-L6-v2, mean-pooled hidden states 1-6) on "
-            + " and ".join(DATASETS[d][1] for d in frames)
-            + f"; fusion head, best validation-NLL checkpoint; K={','.join(map(str, budget.ks))}"
+    encoders = {ENCODERS[d] for d in frames}
+    data = ("; ".join(f"{ENCODERS[d]} on {DATASETS[d][1]}" for d in frames) if len(encoders) > 1 else
+            f"{next(iter(encoders))} on " + " and ".join(DATASETS[d][1] for d in frames))
+    data += (f"; fusion head, best validation-NLL checkpoint; K={','.join(map(str, budget.ks))}"
             + (" (reduced: " + "; ".join(" ".join(budget.overrides.get(d, ())) for d in frames) + ")"
                if reduced else ""))
     rows = []
@@ -180,6 +213,8 @@ def selection_rows(frames: dict[str, pd.DataFrame], budget: Budget, reduced: boo
         outcomes: dict[str, dict[str, str]] = {"reference": {}, "ripieno": {}}
         for kind, named in outcomes.items():
             for dataset, frame in frames.items():
+                if baseline in SKIP.get(dataset, ()):
+                    continue
                 for k in budget.ks:
                     named[f"{SHORT[dataset]} K={k}"] = compare(_errors(frame, _loes(kind, k)),
                                                                _errors(frame, baseline.format(k=k)))
@@ -252,7 +287,7 @@ def write_report(selection: dict[str, pd.DataFrame], georeg: dict[str, pd.DataFr
                  budget: Budget, reduced: bool, command: str, seconds: dict[str, float]) -> list[ClaimRow]:
     """The claim rows, ``claims.md`` and ``settings.json`` from the runs of both studies."""
     claims = [*selection_rows(selection, budget, reduced, command),
-              *georeg_rows(georeg, budget, reduced, command)]
+              *(georeg_rows(georeg, budget, reduced, command) if georeg else [])]
     frame = pd.DataFrame([dataclasses.asdict(c) for c in claims])
     lines = ["| " + " | ".join(frame.columns) + " |", "|" + "---|" * len(frame.columns)]
     lines += ["| " + " | ".join(str(v).replace("|", "/") for v in row) + " |"
@@ -264,7 +299,7 @@ def write_report(selection: dict[str, pd.DataFrame], georeg: dict[str, pd.DataFr
     return claims
 
 
-def claim_rows(out: Path, *, reduced: bool, from_csv: bool = False) -> list[ClaimRow]:
+def claim_rows(out: Path, *, reduced: bool, from_csv: bool = False, encoders: bool = False) -> list[ClaimRow]:
     """Run the selection and GeoReg studies, write their tables under ``out``, return the rows.
 
     Args:
@@ -272,21 +307,24 @@ def claim_rows(out: Path, *, reduced: bool, from_csv: bool = False) -> list[Clai
         reduced: the CI setting (``REDUCED``: one seed, K=2, 300-400 rows, 2 epochs; about two
             minutes; every verdict ``inconclusive``) instead of ``FULL`` (3 seeds, K=1..4).
         from_csv: rebuild the rows from the CSVs an earlier run left under ``out`` (no training).
+        encoders: the real vision and speech encoders (``ENCODERS_FULL``: EfficientNet-Lite0 on
+            MNIST 5k, Whisper tiny.en on spoken digits; selection rows only) instead of MiniLM.
 
     Returns:
         Seven rows: LOES against five baselines, GeoReg on test accuracy and on isotropy.
     """
-    budget = REDUCED if reduced else FULL
+    budget = ENCODERS_FULL if encoders else REDUCED if reduced else FULL
     out.mkdir(parents=True, exist_ok=True)
-    command = "python -m experiments.claims_loes" + (" --reduced" if reduced else "") + f" --out {out}"
+    command = ("python -m experiments.claims_loes" + (" --reduced" if reduced else "")
+               + (" --encoders" if encoders else "") + f" --out {out}")
     seconds: dict[str, float] = {}
     selection, georeg = {}, {}
-    for dataset in DATASETS:
+    for dataset in budget.datasets:
         begin = time.perf_counter()
         selection[dataset] = (pd.read_csv(out / dataset / "selection_runs.csv") if from_csv
                               else run_selection(dataset, budget, out))
         seconds[dataset] = round(time.perf_counter() - begin, 1)
-    for name in GEOREG_SELECTIONS:
+    for name in GEOREG_SELECTIONS if budget.georeg else ():
         begin = time.perf_counter()
         georeg[name] = (pd.read_csv(out / "bbc_news_georeg" / name / "georeg_runs.csv") if from_csv
                         else run_georeg(name, budget, out))
@@ -309,8 +347,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=results_dir("claims/loes"))
     parser.add_argument("--from_csv", action="store_true",
                         help="rebuild claims.md from the CSVs of an earlier run under --out (no training)")
+    parser.add_argument("--encoders", action="store_true",
+                        help="the real vision and speech encoders (EfficientNet-Lite0, Whisper tiny.en)"
+                             " instead of MiniLM; default --out docs/results/claims/loes_encoders")
     args = parser.parse_args(argv)
-    for row in claim_rows(args.out, reduced=args.reduced, from_csv=args.from_csv):
+    if args.encoders and args.out == results_dir("claims/loes"):
+        args.out = results_dir("claims/loes_encoders")
+    for row in claim_rows(args.out, reduced=args.reduced, from_csv=args.from_csv, encoders=args.encoders):
         print(f"claims_loes: {row.verdict}: {row.claim} | {row.reference} | {row.ours} | {row.baseline}")
 
 

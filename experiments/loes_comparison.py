@@ -154,6 +154,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, default=results_dir("loes_minilm_rotten_tomatoes"))
     parser.add_argument("--override", action="append", default=[],
                         help="extra --key=value override for every run (repeatable)")
+    parser.add_argument("--skip", action="append", default=[],
+                        help="a variant label not to run (repeatable), e.g. 'scalar mix (all layers)' for"
+                             " a backbone whose layers differ in width")
     args = parser.parse_args(argv)
     args.recipe = args.recipe or DEFAULT_RECIPES[args.mode]
     resolve_recipe(parser, args.recipe)  # fail before any run when it does not exist
@@ -177,6 +180,10 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         variants = georeg_variants(args.weights, args.georeg_forms)
     else:
         variants = loes_weight_variants(args.ks, args.scales)
+    unknown = [s for s in args.skip if s not in variants]
+    if unknown:
+        raise SystemExit(f"--skip {unknown}: no such variant; the variants are {list(variants)}.")
+    variants = {label: o for label, o in variants.items() if label not in args.skip}
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     extra = [*normalize_overrides(args.override), "--data.init_args.progress=false",

@@ -66,6 +66,7 @@ class RipienoCLI(LightningCLI):
         config = self.config.get(self.subcommand, self.config) if self.subcommand else self.config
         if self.subcommand == "predict":
             _preprocessing_from_checkpoint(config)
+        _data_progress_follows_trainer(config)
         trainer = config.get("trainer")
         if trainer is None or trainer.get("logger") not in (None, True):
             return
@@ -127,6 +128,21 @@ def _preprocessing_from_checkpoint(config: Namespace) -> None:
             or not init_args.get("predict_path") or init_args.get("preprocessing_from")):
         return
     init_args["preprocessing_from"] = str(config["ckpt_path"])
+
+
+def _data_progress_follows_trainer(config: Namespace) -> None:
+    """Give a datamodule's ``progress: null`` the Trainer's ``enable_progress_bar``.
+
+    Its bars cover work done before training (feature extraction); the datamodule is built
+    before the Trainer, so it cannot ask it.
+    """
+    data = config.get("data")
+    init_args = data.get("init_args") if isinstance(data, Namespace) else None
+    if init_args is None or "progress" not in init_args or init_args.get("progress") is not None:
+        return
+    trainer = config.get("trainer")
+    enabled = trainer.get("enable_progress_bar") if trainer is not None else None
+    init_args["progress"] = True if enabled is None else bool(enabled)
 
 
 def _spec_as_dict(spec: object) -> object:

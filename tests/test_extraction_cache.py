@@ -115,3 +115,19 @@ def test_two_processes_extract_once_and_read_the_same(folders, tmp_path):
 def test_a_callable_model_needs_an_id(tmp_path):
     with pytest.raises(ValueError, match="model_id"):
         cached_layer_embeddings(lambda: None, [], ["x"], tmp_path, data_id="d")
+
+
+def test_cli_extraction_bar_follows_the_trainers():
+    from jsonargparse import Namespace
+
+    from ripieno.framework.cli import _data_progress_follows_trainer
+
+    for enabled, expected in ((False, False), (True, True), (None, True)):
+        config = Namespace(data=Namespace(init_args=Namespace(progress=None)),
+                           trainer=Namespace(enable_progress_bar=enabled))
+        _data_progress_follows_trainer(config)
+        assert config.data.init_args.progress is expected
+    kept = Namespace(data=Namespace(init_args=Namespace(progress=True)),
+                     trainer=Namespace(enable_progress_bar=False))
+    _data_progress_follows_trainer(kept)
+    assert kept.data.init_args.progress is True  # an explicit choice wins

@@ -24,6 +24,8 @@ def _quick_layer_embeddings(config, tmp_path):
     source = args["source"]
     init = dict(source.get("init_args") or {})
     init["max_rows" if source["class_path"].endswith("TextDataModule") else "max_train_rows"] = 120
+    if args.get("convert_backbone") and source["class_path"].endswith("BackboneImageDataModule"):
+        init["test_size"] = 0.05  # a real ImageNet encoder at 224 px: keep the carved test split small
     if init.get("tokenizer_dir"):
         init["tokenizer_dir"] = str(tmp_path / "tokenizer")
     out = [f"--data.init_args.source={json.dumps({'class_path': source['class_path'], 'init_args': init})}",
@@ -32,6 +34,8 @@ def _quick_layer_embeddings(config, tmp_path):
            "--trainer.enable_model_summary=false"]
     if args.get("build_backbone"):
         out.append(f"--data.init_args.backbone_dir={tmp_path}/backbone")
+    if args.get("convert_backbone"):  # converted once per run into the test's folder
+        out.append(f"--data.init_args.backbone_dir={tmp_path}/{args['convert_backbone']}")
     return out
 
 
