@@ -33,6 +33,7 @@ SOURCES: dict[str, str] = {
     "uq": "experiments.claims_uq",
     "mcover": "experiments.claims_mcover",
     "loes": "experiments.claims_loes",
+    "loes_encoders": "experiments.claims_loes_encoders",
 }
 COLUMNS = ("method", "claim", "data", "reference", "ours", "baseline", "seeds", "verdict", "note", "command")
 

@@ -108,6 +108,11 @@ class Budget:
 FULL = Budget(seeds=(0, 1, 2), ks=(1, 2, 3, 4), overrides={})
 #: the real vision and speech encoders (``--encoders``): 8 and 4 candidate layers, K = 1..3.
 ENCODERS_FULL = Budget(seeds=(0, 1, 2), ks=(1, 2, 3), overrides={}, datasets=ENCODER_DATASETS, georeg=False)
+#: the CI setting of the encoders: a few hundred images / clips, one seed, K=2, 2 epochs.
+ENCODERS_REDUCED = Budget(seeds=(0,), ks=(2,), datasets=ENCODER_DATASETS, georeg=False, overrides={
+    "mnist_5k": ("data.init_args.source.init_args.max_train_rows=200",
+                 "data.init_args.source.init_args.test_size=0.05", "trainer.max_epochs=2"),
+    "spoken_digits": ("data.init_args.source.init_args.max_train_rows=100", "trainer.max_epochs=2")})
 _SMALL_BBC = ("data.init_args.source.init_args.max_rows=300", "data.init_args.source.init_args.max_length=64",
               "trainer.max_epochs=2")
 REDUCED = Budget(seeds=(0,), ks=(2,), overrides={
@@ -313,7 +318,10 @@ def claim_rows(out: Path, *, reduced: bool, from_csv: bool = False, encoders: bo
     Returns:
         Seven rows: LOES against five baselines, GeoReg on test accuracy and on isotropy.
     """
-    budget = ENCODERS_FULL if encoders else REDUCED if reduced else FULL
+    if encoders:
+        budget = ENCODERS_REDUCED if reduced else ENCODERS_FULL
+    else:
+        budget = REDUCED if reduced else FULL
     out.mkdir(parents=True, exist_ok=True)
     command = ("python -m experiments.claims_loes" + (" --reduced" if reduced else "")
                + (" --encoders" if encoders else "") + f" --out {out}")

