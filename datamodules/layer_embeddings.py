@@ -55,6 +55,7 @@ from ripieno.framework.loes.features import (
     layer_list,
     load_pretrained_backbone,
     minilm_dir,
+    model_fingerprint,
     stack_padded,
 )
 from ripieno.framework.loes.spec import LayerFeatureSpec
@@ -151,6 +152,10 @@ class LayerEmbeddingDataModule(SplitDataModule):
             packaged models), then load that folder like any user's.
         layer_names: submodules whose outputs are the candidate layers (forward hooks; any
             ``nn.Module``); ``None``: the backbone's own hidden states.
+        backbone: a model object instead of ``backbone_dir`` (Python, or ``{class_path,
+            init_args}`` in YAML), e.g. a package's own ``nn.Module`` with ``layer_names``; its
+            cache key hashes its weights. The source needs its own preprocessing
+            (``tokenizer_dir`` / ``model_dir``), and ``finetune_backbone`` needs a folder.
         pooling: ``cls``, ``mean`` or ``last``.
         selection: ``loes``, a baseline, ``all`` or ``fixed`` (module docstring).
         variant: LOES only: ``ripieno`` (ours) or ``reference`` (the public LOES code exactly, in
@@ -197,6 +202,7 @@ class LayerEmbeddingDataModule(SplitDataModule):
         build_backbone: Literal["gpt2", "dinov2", "wav2vec2"] | None = None,
         convert_backbone: Literal["efficientnet_lite0", "whisper_tiny_en"] | None = None,
         layer_names: list[str] | None = None,
+        backbone: torch.nn.Module | None = None,
         pooling: Pooling = "mean",
         selection: Selection = "loes",
         variant: Literal["ripieno", "reference"] = "ripieno",
@@ -223,7 +229,8 @@ class LayerEmbeddingDataModule(SplitDataModule):
         num_workers: int = 0,
     ) -> None:
         super().__init__()
-        self.save_hyperparameters(ignore=["source"])
+        self.save_hyperparameters(ignore=["source", "backbone"])
+        self._backbone = backbone
         # Built on first use, not here: under LightningCLI this __init__ runs inside the CLI's
         # hyperparameter context, which would hand the source *this* module's hyperparameters.
         self._source_config = source
@@ -330,23 +337,28 @@ class LayerEmbeddingDataModule(SplitDataModule):
 
     def _prepare(self) -> None:
         hp = self.hparams
-        backbone_dir = self.resolved_backbone_dir()
+        module = self._backbone
+        if module is not None and hp.finetune_backbone:
+            raise DataModuleError("finetune_backbone loads the backbone from backbone_dir; save the module"
+                                  " (save_pretrained, timm save_for_hf or a TorchScript file) and point"
+                                  " backbone_dir at it instead of passing backbone.")
+        backbone_dir = self.resolved_backbone_dir() if module is None else Path(type(module).__qualname__)
         source_hp = getattr(self.source, "hparams", {})
-        if "tokenizer_dir" in source_hp and source_hp.get("tokenizer_dir") is None \
+        if module is None and "tokenizer_dir" in source_hp and source_hp.get("tokenizer_dir") is None \
                 and not source_hp.get("build_tokenizer", False):
             source_hp["tokenizer_dir"] = str(backbone_dir)  # a text source reads the backbone's tokenizer
-        if "model_dir" in source_hp and source_hp.get("model_dir") is None:
+        if module is None and "model_dir" in source_hp and source_hp.get("model_dir") is None:
             source_hp["model_dir"] = str(backbone_dir)  # image/audio sources: the backbone's preprocessing
         self.source.setup("fit")
         loaders = self._source_loaders()
         input_keys = self._input_keys(loaders["train"])
         start = time.perf_counter()
-        model_id = folder_fingerprint(backbone_dir)
+        model_id = folder_fingerprint(backbone_dir) if module is None else model_fingerprint(module)
         loaded: list[torch.nn.Module] = []
 
         def load_model() -> torch.nn.Module:  # on a cache miss only
             if not loaded:
-                loaded.append(load_pretrained_backbone(backbone_dir))
+                loaded.append(load_pretrained_backbone(backbone_dir) if module is None else module)
             return loaded[0]
 
         features: dict[str, tuple[Tensor, Tensor]] = {}

@@ -69,3 +69,36 @@ def test_scalar_mix_needs_one_width():
 def test_convert_and_build_are_exclusive(images, backbone, tmp_path):
     with pytest.raises(DataModuleError, match="not both"):
         _dm(images, backbone, tmp_path, build_backbone="dinov2")
+
+
+def test_a_users_module_with_named_layers(images, tmp_path):
+    from ripieno.framework.loes.small_models import build_small_dinov2
+
+    processor_dir = build_small_dinov2(tmp_path / "proc", image_size=28, num_layers=1, hidden_size=16,
+                                       num_heads=2)  # only its image processor (resize to 28) is used
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.Conv2d(4, 6, 3),
+                              torch.nn.ReLU(), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten())
+    calls = []
+    net.register_forward_hook(lambda *args: calls.append(1))
+
+    def module_dm(**kwargs):
+        source = BackboneImageDataModule(dataset="folder", root=str(images), model_dir=str(processor_dir),
+                                         val_size=0.25, test_size=0.25)
+        return LayerEmbeddingDataModule(source=source, backbone=net, layer_names=["1", "3", "5"],
+                                        selection="all", pooling="mean", cache_dir=str(tmp_path / "cache"),
+                                        progress=False, device="cpu", calibration_rows=None, **kwargs)
+
+    dm = module_dm()
+    spec = dm.spec
+    assert spec.n_layers == 3 and spec.layer_dims == [6, 6] and spec.layer_names == ["1", "3", "5"]
+    rows = [0, 1]
+    batch = dm.source._split("val").__getitems__(rows)
+    with torch.no_grad():
+        expected = net[:4](batch["pixel_values"]).mean((2, 3))  # layer "3": the second ReLU, pooled
+    torch.testing.assert_close(dm._split("val").__getitems__(rows)["layers"][:, 0, :6], expected)
+    n = len(calls)
+    module_dm().setup()
+    assert len(calls) == n  # a hit: the module did not run again
+    with pytest.raises(DataModuleError, match="finetune_backbone"):
+        module_dm(finetune_backbone=True).setup()
