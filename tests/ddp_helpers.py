@@ -19,3 +19,19 @@ class DestroyGlooAtExit(L.Callback):
         """Register the process group's destruction for this worker's exit."""
         if torch.distributed.is_initialized():
             atexit.register(torch.distributed.destroy_process_group)
+
+
+class CountingCNN(torch.nn.Module):
+    """A tiny CNN that appends a line to ``log`` on every forward (counts runs across processes)."""
+
+    def __init__(self, log: str) -> None:
+        super().__init__()
+        self.log = log
+        self.body = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU(), torch.nn.Conv2d(4, 4, 3),
+                                        torch.nn.ReLU())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Run the body and record the call."""
+        with open(self.log, "a") as handle:
+            handle.write(f"{x.shape[0]}\n")
+        return self.body(x)

@@ -102,3 +102,29 @@ def test_a_users_module_with_named_layers(images, tmp_path):
     assert len(calls) == n  # a hit: the module did not run again
     with pytest.raises(DataModuleError, match="finetune_backbone"):
         module_dm(finetune_backbone=True).setup()
+
+
+@pytest.mark.slow
+def test_ddp_spawn_runs_the_backbone_once(images, tmp_path):
+    import lightning as L
+    from ddp_helpers import CountingCNN, DestroyGlooAtExit
+
+    from ripieno.framework.loes.small_models import build_small_dinov2
+
+    processor_dir = build_small_dinov2(tmp_path / "proc", image_size=28, num_layers=1, hidden_size=16,
+                                       num_heads=2)
+    log = tmp_path / "forwards.txt"
+    source = BackboneImageDataModule(dataset="folder", root=str(images), model_dir=str(processor_dir),
+                                     val_size=0.25, test_size=0.25, eval_batch_size=8)
+    dm = LayerEmbeddingDataModule(source=source, backbone=CountingCNN(str(log)),
+                                  layer_names=["body.1", "body.3"], selection="all", pooling="mean",
+                                  cache_dir=str(tmp_path / "cache"), progress=False, device="cpu",
+                                  eval_batch_size=8, batch_size=4)
+    model = FusionClassifier(dm.spec, d_proj=4)
+    rows_extracted = sum(int(n) for n in log.read_text().split())
+    assert rows_extracted == 18  # every image of the three splits, once
+    trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp_spawn", max_epochs=1, logger=False,
+                        enable_progress_bar=False, enable_checkpointing=False, default_root_dir=str(tmp_path),
+                        callbacks=[DestroyGlooAtExit()])
+    trainer.fit(model, datamodule=dm)
+    assert sum(int(n) for n in log.read_text().split()) == rows_extracted  # no rank ran it again
