@@ -105,7 +105,7 @@ def fit_temperature(log_probs: Tensor, target: Tensor, bounds: tuple[float, floa
     Example:
         >>> g = torch.Generator().manual_seed(0)
         >>> z = 3 * torch.randn(4000, 1, 3, generator=g)
-        >>> y = torch.distributions.Categorical(logits=z[:, 0]).sample()
+        >>> y = torch.multinomial(z[:, 0].softmax(-1), 1, generator=g)[:, 0]  # labels ~ softmax(z)
         >>> round(fit_temperature(2.0 * z, y), 1)  # logits twice as sharp as the labels
         2.0
 

