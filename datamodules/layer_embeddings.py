@@ -237,6 +237,8 @@ class LayerEmbeddingDataModule(SplitDataModule):
         super().__init__()
         self.save_hyperparameters(ignore=["source", "backbone"])
         self._backbone = backbone
+        # prepare_data runs on global rank 0 only: it writes the cache the other ranks then read.
+        self.prepare_data_per_node = False
         # Built on first use, not here: under LightningCLI this __init__ runs inside the CLI's
         # hyperparameter context, which would hand the source *this* module's hyperparameters.
         self._source_config = source
@@ -288,6 +290,15 @@ class LayerEmbeddingDataModule(SplitDataModule):
     def spec(self) -> LayerFeatureSpec:
         """The selection and task; prepares (extracts, caches, selects) on first use."""
         return super().spec
+
+    def prepare_data(self) -> None:
+        """Extract and cache the embeddings (Lightning calls this on global rank 0, before ``setup``).
+
+        The other ranks' ``setup`` then reads the cache. When the spec was already needed
+        (the CLI links it into the model at instantiation) this is a no-op, and the cache's
+        lock makes concurrent processes extract once either way.
+        """
+        self.setup()
 
     def resolved_backbone_dir(self) -> Path:
         """The backbone folder (``minilm`` resolved; a small random model built if asked)."""

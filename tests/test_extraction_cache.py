@@ -131,3 +131,16 @@ def test_cli_extraction_bar_follows_the_trainers():
                      trainer=Namespace(enable_progress_bar=False))
     _data_progress_follows_trainer(kept)
     assert kept.data.init_args.progress is True  # an explicit choice wins
+
+
+def test_prepare_data_extracts_on_global_rank_zero_only(folders, tmp_path, monkeypatch):
+    load = _Counter(layer_embeddings.load_pretrained_backbone)
+    monkeypatch.setattr(layer_embeddings, "load_pretrained_backbone", load)
+    dm = _module(folders, tmp_path)
+    assert dm.prepare_data_per_node is False  # Lightning calls prepare_data on global rank 0 only
+    dm.prepare_data()
+    assert load.calls == 1 and len(list(tmp_path.glob("layers-*.safetensors"))) == 3  # one per split
+    other_rank = _module(folders, tmp_path)
+    other_rank.setup()
+    assert load.calls == 1  # the other ranks read what rank 0 wrote
+    assert torch.equal(other_rank._splits["train"].layers, dm._splits["train"].layers)
