@@ -126,15 +126,8 @@ def seeded_splits(
     stratified subset), of which ``val_size`` go to ``val``. The same seed gives the same
     splits, and the three are disjoint and sorted.
     """
-    rows, cap = np.arange(len(labels)), "max_train_rows"
-    if test_size is None:
-        pool, test = rows, np.empty(0, dtype=np.int64)
-    else:
-        pool, test = split_rows(rows, labels, test_size, seed, arg="test_size", cap=cap, error=error)
-    if max_train_rows is not None and max_train_rows < len(pool):
-        pool = stratified_subset(pool, labels, max_train_rows, seed, cap=cap, error=error)
-    train, val = split_rows(pool, labels, val_size, seed, arg="val_size", cap=cap, error=error)
-    return {"train": train, "val": val, "test": test}
+    return official_split_rows(labels, {"train": np.arange(len(labels))}, val_size, test_size, seed,
+                               max_train_rows, error=error)
 
 
 def official_split_rows(

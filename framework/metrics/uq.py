@@ -230,7 +230,26 @@ class ExpectedCalibrationError(MulticlassCalibrationError):
         super().update(mean_probs, target)
 
 
-class PredictiveNLL(_MeanState):
+class _ClassProbsMean(_MeanState):
+    """A mean over points of a score of class probabilities ``(B, S, C)`` (or ``(B, C)``)."""
+
+    is_differentiable = True
+    higher_is_better = False
+
+    def __init__(self, input_kind: InputKind = "logits", validate_args: bool = True, **kwargs) -> None:  # noqa: ANN003
+        _check_kind(input_kind)
+        super().__init__(validate_args=validate_args, **kwargs)
+        self.input_kind = input_kind
+
+    def _samples(self, outputs: Tensor, target: Tensor) -> Tensor:
+        """``outputs`` as ``(B, S, C)``, with the targets and probabilities checked."""
+        x = _as_samples(outputs)
+        _check_target(target, x, self.validate_args)
+        _check_probs(x, self.input_kind, self.validate_args)
+        return x
+
+
+class PredictiveNLL(_ClassProbsMean):
     """Negative log predictive likelihood ``-mean_i log mean_s p_s(y_i)`` (nats).
 
     Args:
@@ -242,11 +261,6 @@ class PredictiveNLL(_MeanState):
     is_differentiable = True
     higher_is_better = False
 
-    def __init__(self, input_kind: InputKind = "logits", validate_args: bool = True, **kwargs) -> None:  # noqa: ANN003
-        _check_kind(input_kind)
-        super().__init__(validate_args=validate_args, **kwargs)
-        self.input_kind = input_kind
-
     def update(self, outputs: Tensor, target: Tensor) -> None:
         """Accumulate a batch.
 
@@ -254,14 +268,12 @@ class PredictiveNLL(_MeanState):
             outputs: ``(B, S, C)`` per-sample logits or probabilities, or ``(B, C)``.
             target: ``(B,)`` integer class labels.
         """
-        x = _as_samples(outputs)
-        _check_target(target, x, self.validate_args)
-        _check_probs(x, self.input_kind, self.validate_args)
+        x = self._samples(outputs, target)
         with torch.autocast(x.device.type, enabled=False):
             self._accumulate(-log_predictive_probability(x, target, self.input_kind))
 
 
-class BrierScore(_MeanState):
+class BrierScore(_ClassProbsMean):
     """Multiclass Brier score of the predictive mean, ``mean_i sum_c (pbar_ic - 1[y_i = c])^2``.
 
     ``pbar = mean_s p_s`` is averaged over samples in probability space first, as for
@@ -287,11 +299,6 @@ class BrierScore(_MeanState):
     is_differentiable = True
     higher_is_better = False
 
-    def __init__(self, input_kind: InputKind = "logits", validate_args: bool = True, **kwargs) -> None:  # noqa: ANN003
-        _check_kind(input_kind)
-        super().__init__(validate_args=validate_args, **kwargs)
-        self.input_kind = input_kind
-
     def update(self, outputs: Tensor, target: Tensor) -> None:
         """Accumulate a batch.
 
@@ -299,9 +306,7 @@ class BrierScore(_MeanState):
             outputs: ``(B, S, C)`` per-sample logits or probabilities, or ``(B, C)``.
             target: ``(B,)`` integer class labels.
         """
-        x = _as_samples(outputs)
-        _check_target(target, x, self.validate_args)
-        _check_probs(x, self.input_kind, self.validate_args)
+        x = self._samples(outputs, target)
         with torch.autocast(x.device.type, enabled=False):
             mean_probs = sample_probs(x, self.input_kind).mean(1)
             onehot = torch.nn.functional.one_hot(target.long(), mean_probs.shape[-1]).float()
