@@ -18,12 +18,15 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from ripieno.framework.errors import RipienoInputError
 
-class DataModuleError(ValueError):
+
+class DataModuleError(RipienoInputError):
     """Raised for data a datamodule cannot prepare: bad arguments, files or contents.
 
     Every datamodule's own error type (``TabularDataError``, ``ImageDataError``, ...)
-    derives from it, so ``except DataModuleError`` catches them all.
+    derives from it, so ``except DataModuleError`` catches them all. It is a
+    ``RipienoInputError`` (a ``ValueError``): the ``ripieno`` command prints its one line.
     """
 
 

@@ -30,6 +30,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from sklearn.impute import SimpleImputer
 from sklearn.preprocessing import OrdinalEncoder, QuantileTransformer, StandardScaler
 
+from ripieno.framework.errors import RipienoInputError
 from ripieno.framework.sklearn_state import fitted_state, restore_fitted
 
 MissingPolicy = Literal["error", "impute"]
@@ -40,7 +41,7 @@ INDICATOR_SUFFIX = "__missing"
 STATE_VERSION = 1
 
 
-class TabularPreprocessingError(ValueError):
+class TabularPreprocessingError(RipienoInputError):
     """Raised for a table the fitted preprocessing cannot read (the message names the fix)."""
 
 

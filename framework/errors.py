@@ -1,0 +1,39 @@
+"""Errors a user can fix, and how they are worded.
+
+``RipienoInputError`` is the one base of every error caused by the user's input (a config,
+a data or model file, a checkpoint) rather than by a bug. Its message is one line that names
+the thing (a file's path, a config key), what is wrong with it and the fix. The ``ripieno``
+command prints such an error as that line alone, without a traceback; in Python it is an
+ordinary ``ValueError``.
+
+Example:
+    >>> from ripieno.framework.errors import RipienoInputError, file_problem
+    >>> file_problem("runs/a.ckpt", "is empty (0 bytes)", "train again or pick another checkpoint")
+    'runs/a.ckpt: is empty (0 bytes); train again or pick another checkpoint.'
+    >>> issubclass(RipienoInputError, ValueError)
+    True
+"""
+
+from __future__ import annotations
+
+from os import PathLike
+
+
+class RipienoInputError(ValueError):
+    """Bad input that the user can fix: the message names the input, the problem and the fix."""
+
+
+def file_problem(path: str | PathLike[str], problem: str, fix: str) -> str:
+    """The one-line message for a file that cannot be used.
+
+    It reads ``<path>: <problem>; <fix>.``
+
+    Args:
+        path: The file (or folder) as the user named it.
+        problem: What is wrong with it, e.g. ``"is empty (0 bytes)"``.
+        fix: What to do about it, e.g. ``"delete it and rerun to rebuild it"``.
+
+    Returns:
+        The message, ending with a full stop.
+    """
+    return f"{path}: {problem}; {fix.rstrip('.')}."
