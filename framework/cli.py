@@ -37,6 +37,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
+from ripieno.framework.errors import RipienoInputError
 from ripieno.framework.recipes import RecipeNotFoundError, find_recipe, list_recipes
 
 CONFIG_FLAGS = ("-c", "--config")
@@ -224,5 +225,8 @@ def main(args: list[str] | None = None) -> None:
         args = resolve_config_args(args)
     except RecipeNotFoundError as error:
         raise SystemExit(f"ripieno: {error}") from None
-    with quiet_cli_notices():
-        RipienoCLI(save_config_kwargs={"overwrite": True}, args=args)
+    try:
+        with quiet_cli_notices():
+            RipienoCLI(save_config_kwargs={"overwrite": True}, args=args)
+    except RipienoInputError as error:
+        raise SystemExit(f"ripieno: error: {error}") from None
