@@ -7,12 +7,15 @@ model), so errors come before any training.
 
 from __future__ import annotations
 
+import codecs
+import pickle
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
 import torch
+from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torch.utils.data import DataLoader
 
@@ -27,9 +30,25 @@ from ripieno.datamodules.base import (  # noqa: F401
 from ripieno.datamodules.hf_datasets import SplitPolicy, is_saved_dataset, load_hf_splits, resolve_splits
 from ripieno.datamodules.splits import check_split_args, split_rows
 from ripieno.datamodules.tabular_sources import SOURCES
+from ripieno.framework.errors import file_problem
 from ripieno.framework.nn.embeddings import compute_bins
-from ripieno.framework.tabular_preprocessing import TabularPreprocessingError, TabularPreprocessor
-from ripieno.framework.tabular_spec import TabularSpec
+from ripieno.framework.tabular_preprocessing import (
+    TabularPreprocessingError,
+    TabularPreprocessor,
+    category_strings,
+)
+from ripieno.framework.tabular_spec import LabelType, TabularSpec
+
+MAX_INFERRED_CLASSES = 20
+"""Most distinct values an integer or boolean target may have for ``task: auto`` to call it
+classification. Class labels coded as integers rarely number more than a few dozen, while
+counts, years or whole-unit amounts (regression targets) usually take more than 20 values;
+``data.init_args.task`` overrides the guess either way."""
+TABLE_FORMATS = {".csv": "csv", ".tsv": "tsv", ".parquet": "parquet", ".pq": "parquet"}
+"""File suffixes ``read_table`` reads, and their formats."""
+COMPRESSIONS = (".gz", ".bz2", ".zip", ".xz", ".zst")
+"""Compression suffixes a CSV/TSV file may carry after its own (pandas decompresses them)."""
+ENCODING_ARG = "data.init_args.encoding"
 
 
 class TabularDataError(DataModuleError):
@@ -80,8 +99,15 @@ class TabularDataModule(SplitDataModule):
     preprocessing from a checkpoint instead of fitting them, so nothing reads the training
     table; ``ripieno predict --ckpt_path ... --data.init_args.predict_path ...`` sets it.
 
-    Task inference (``task: auto``): a text or boolean target is classification (binary for
-    two labels); a numeric target is regression.
+    Task inference (``task: auto``, for a user's table; a shipped data set knows its task): a
+    text target is classification; an integer or boolean target with at most
+    ``MAX_INFERRED_CLASSES`` (20) distinct values is classification, one with more is
+    regression; a float target is regression. Classification is binary for two distinct
+    labels, multiclass otherwise. One info line says what was inferred and why; set
+    ``data.init_args.task`` to override it (e.g. ``regression`` for a count with few values,
+    ``multiclass`` for 0.0/1.0/2.0 stored as floats). Class names are strings in code order:
+    numeric labels ordered by value (``2`` before ``10``), text labels sorted; predictions
+    give labels in the target's own type (``0``/``1`` for an integer target).
 
     Args:
         dataset: name of a shipped data set (ignored when ``path`` is given).
@@ -90,6 +116,8 @@ class TabularDataModule(SplitDataModule):
         data_files: local files read with ``datasets.load_dataset(builder, data_files=...)``: a
             path, a list, or ``{split: paths}``.
         builder: ``csv``, ``json`` or ``parquet`` for ``data_files``.
+        encoding: text encoding of CSV/TSV files (``path`` and ``predict_path``), e.g.
+            ``latin-1`` or ``cp1252`` for files that are not UTF-8; Parquet ignores it.
         splits: for a ``datasets`` source: ``official`` keeps its ``train`` / ``validation`` /
             ``test`` (missing ones carved from train by ``split_seed``; ``max_rows`` caps train),
             ``resplit`` pools them and draws all three (a message says so either way).
@@ -126,6 +154,7 @@ class TabularDataModule(SplitDataModule):
         path: str | None = None,
         data_files: str | list[str] | dict[str, Any] | None = None,
         builder: Literal["csv", "json", "parquet"] | None = None,
+        encoding: str = "utf-8",
         splits: SplitPolicy = "official",
         target: str | None = None,
         categorical: list[str] | None = None,
@@ -210,7 +239,7 @@ class TabularDataModule(SplitDataModule):
             return (self._load_hf_frame(), hp.target, list(hp.categorical or []), list(hp.drop or []),
                     hp.task, hp.target_transform or "none")
         if hp.path is not None:
-            frame = read_table(hp.path, "data.path")
+            frame = read_table(hp.path, "data.init_args.path", hp.encoding)
             if hp.target is None:
                 raise TabularDataError("data.target is required with data.path: name the target column.")
             return (frame, hp.target, list(hp.categorical or []), list(hp.drop or []),
@@ -267,8 +296,8 @@ class TabularDataModule(SplitDataModule):
         excluded = {target, *categorical, *drop, *([hp.id_column] if hp.id_column else [])}
         numeric = [c for c in frame.columns if c not in excluded]
         y_raw = frame[target]
-        task = _resolve_task(task, y_raw)
-        y, class_names = _encode_target(y_raw, target, task, target_transform)
+        task = _resolve_task(task, y_raw, target)
+        y, class_names, label_type = _encode_target(y_raw, target, task, target_transform)
 
         stratify = y if task != "regression" else None
         if self._official is not None:
@@ -306,7 +335,7 @@ class TabularDataModule(SplitDataModule):
             n_classes=len(class_names) if task != "regression" else None, bins=bins,
             target_mean=mean, target_std=std, target_transform=target_transform,
             num_feature_names=kept, cat_feature_names=preprocessor.cat_feature_names,
-            class_names=class_names, target_name=target, id_column=hp.id_column,
+            class_names=class_names, label_type=label_type, target_name=target, id_column=hp.id_column,
             preprocessing=preprocessor.state_dict(),
         )
         y_tensor = torch.tensor(y, dtype=torch.float32 if task == "regression" else torch.long)
@@ -323,7 +352,7 @@ class TabularDataModule(SplitDataModule):
         if spec.preprocessing is None:
             raise TabularDataError("The spec has no fitted preprocessing, so new rows cannot be read;"
                                    " prepare the data with TabularDataModule (or retrain).")
-        frame = read_table(path, "data.predict_path")
+        frame = read_table(path, "data.init_args.predict_path", self.hparams.encoding)
         preprocessor = TabularPreprocessor.from_state(spec.preprocessing)
         what = f"rows of {path}"
         expected = [c for c in (spec.target_name, spec.id_column, *(self.hparams.drop or [])) if c]
@@ -358,29 +387,128 @@ class TabularDataModule(SplitDataModule):
         return self._splits[name]
 
 
-def read_table(path: str, arg: str) -> pd.DataFrame:
-    """A CSV or Parquet file as a DataFrame, with errors that name the file and the fix."""
+def read_table(path: str | Path, arg: str, encoding: str = "utf-8",
+               error: type[DataModuleError] = TabularDataError) -> pd.DataFrame:
+    """A CSV, TSV or Parquet file as a DataFrame; a file that cannot be used is a one-line error.
+
+    CSV and TSV files may be compressed (``COMPRESSIONS``). Every problem is raised as ``error``
+    with a message (``file_problem``) naming the file, what is wrong and the fix: a missing
+    file, a folder, an unsupported suffix, an empty file, a header without rows, text that is
+    not ``encoding``, a malformed CSV row or a corrupt Parquet file.
+
+    Args:
+        path: the file.
+        arg: the setting that named it (e.g. ``data.init_args.path``), quoted in fixes.
+        encoding: text encoding of CSV/TSV files.
+        error: the exception class raised.
+    """
     file = Path(path).expanduser()
-    if not file.is_file():
-        raise TabularDataError(f"Data file {str(file)!r} does not exist; check {arg}.")
-    suffix = file.suffix.lower()
-    if suffix == ".csv":
-        return pd.read_csv(file)
-    if suffix in (".parquet", ".pq"):
+    elsewhere = f"point {arg} at another file"
+    if file.is_dir():
+        raise error(file_problem(file, "is a folder, not a table file",
+                                 f"point {arg} at a .csv, .tsv or .parquet file"))
+    if not file.exists():
+        raise error(file_problem(file, "does not exist", f"check {arg}"))
+    kind = _table_format(file)
+    if kind is None:
+        raise error(file_problem(file, f"has the unsupported suffix {file.suffix!r}",
+                                 "use a .csv, .tsv or .parquet file (CSV/TSV may be compressed)"))
+    if file.stat().st_size == 0:
+        raise error(file_problem(file, "is empty (0 bytes)",
+                                 f"write the table into it again, or {elsewhere}"))
+    frame = _read_parquet(file, arg, error) if kind == "parquet" else _read_text_table(
+        file, arg, encoding, "\t" if kind == "tsv" else ",", error)
+    if len(frame) == 0:
+        raise error(file_problem(file, "has a header but no rows" if len(frame.columns) else "has no rows",
+                                 f"add rows to it, or {elsewhere}"))
+    return frame
+
+
+def _table_format(file: Path) -> str | None:
+    """``csv``, ``tsv`` or ``parquet`` by the file's suffix (``None``: unsupported)."""
+    suffixes = [s.lower() for s in file.suffixes]
+    if len(suffixes) > 1 and suffixes[-1] in COMPRESSIONS and TABLE_FORMATS.get(suffixes[-2]) != "parquet":
+        suffixes.pop()
+    return TABLE_FORMATS.get(suffixes[-1]) if suffixes else None
+
+
+def _read_parquet(file: Path, arg: str, error: type[DataModuleError]) -> pd.DataFrame:
+    try:
         return pd.read_parquet(file)
-    raise TabularDataError(f"Unsupported file type {file.suffix!r} for {str(file)!r}; use .csv or .parquet.")
+    except (OSError, ValueError) as err:  # pyarrow's ArrowInvalid is a ValueError
+        reason = _first_line(err).split("': ", 1)[-1]  # pyarrow repeats the path before the reason
+        raise error(file_problem(
+            file, f"is not a readable Parquet file ({reason})",
+            f"write it again (e.g. DataFrame.to_parquet), or point {arg} at another file")) from err
+
+
+def _read_text_table(file: Path, arg: str, encoding: str, sep: str, error: type[DataModuleError]
+                     ) -> pd.DataFrame:
+    try:
+        codecs.lookup(encoding)
+    except LookupError as err:
+        raise error(f"{ENCODING_ARG}: {encoding!r} is not a known text encoding; use e.g. utf-8, latin-1"
+                    " or cp1252.") from err
+    try:
+        return pd.read_csv(file, sep=sep, encoding=encoding)
+    except UnicodeDecodeError as err:
+        raise error(file_problem(
+            file, f"is not valid {encoding} text ({_undecodable_place(file, encoding, err)})",
+            f"name its encoding with {ENCODING_ARG} (e.g. latin-1 or cp1252), or save it as {encoding}"
+        )) from err
+    except pd.errors.EmptyDataError as err:
+        raise error(file_problem(file, "has no header and no rows (only blank lines)",
+                                 f"write the table into it again, or point {arg} at another file")) from err
+    except pd.errors.ParserError as err:
+        raise error(file_problem(file, f"cannot be parsed ({_first_line(err)})",
+                                 "give every row as many fields as the header")) from err
+    except (OSError, EOFError) as err:  # unreadable, or a broken compressed file
+        raise error(file_problem(file, f"cannot be read ({_first_line(err)})",
+                                 f"check its permissions and compression, or point {arg} at another file")
+                    ) from err
+
+
+def _undecodable_place(file: Path, encoding: str, err: UnicodeDecodeError) -> str:
+    """``byte 0xe9 on line 3``: the bad byte (from ``err``) and the first line that fails to decode.
+
+    pandas decodes in chunks, so ``err``'s position is not the file's; an uncompressed file is
+    scanned line by line to find the line.
+    """
+    place = f"byte 0x{err.object[err.start:err.start + 1].hex()}"
+    if file.suffixes and file.suffixes[-1].lower() in COMPRESSIONS:
+        return place
+    with file.open("rb") as handle:
+        for number, line in enumerate(handle, start=1):
+            try:
+                line.decode(encoding)
+            except UnicodeDecodeError:
+                return f"{place} on line {number}"
+    return place
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
 
 
 def spec_from_checkpoint(path: str) -> TabularSpec:
     """The ``TabularSpec`` a checkpoint's model was trained with (``weights_only=True``)."""
     file = Path(path).expanduser()
+    arg = "data.init_args.preprocessing_from"
     if not file.is_file():
-        raise TabularDataError(f"Checkpoint {str(file)!r} does not exist; check data.preprocessing_from.")
-    checkpoint = torch.load(file, map_location="cpu", weights_only=True)
-    spec = checkpoint.get("hyper_parameters", {}).get("data_spec")
+        raise TabularDataError(file_problem(file, "does not exist" if not file.exists() else "is not a file",
+                                            f"check {arg} (or --ckpt_path)"))
+    try:
+        checkpoint = torch.load(file, map_location="cpu", weights_only=True)
+    except (RuntimeError, OSError, EOFError, pickle.UnpicklingError) as err:
+        raise TabularDataError(file_problem(
+            file, f"is not a readable checkpoint ({_first_line(err)})",
+            f"point {arg} (or --ckpt_path) at a .ckpt written by ripieno fit")) from err
+    spec = checkpoint.get("hyper_parameters", {}).get("data_spec") if isinstance(checkpoint, dict) else None
     if spec is None:
-        raise TabularDataError(f"Checkpoint {str(file)!r} has no data_spec hyperparameter: it was not"
-                               " saved by a tabular ripieno model.")
+        raise TabularDataError(file_problem(
+            file, "has no data_spec hyperparameter (it was not saved by a tabular ripieno model)",
+            f"point {arg} at a tabular checkpoint"))
     return TabularSpec.coerce(spec)
 
 
@@ -399,46 +527,52 @@ def _check_columns(frame: pd.DataFrame, target: str, categorical: list[str], dro
         raise TabularDataError("The table has no rows.")
 
 
-def _resolve_task(task: str, y: pd.Series) -> str:
+def _resolve_task(task: str, y: pd.Series, name: str) -> str:
+    """``task``, or for ``auto`` the inferred task (``infer_task``), announced in one info line."""
     if task == "auto":
-        numeric = pd.api.types.is_numeric_dtype(y) and not pd.api.types.is_bool_dtype(y)
-        if numeric:
-            return "regression"
-        return "binary" if y.nunique() == 2 else "multiclass"
+        inferred, reason = infer_task(y)
+        rank_zero_info(f"ripieno: task: auto inferred {inferred} for target {name!r} because {reason};"
+                       " set data.init_args.task (regression, binary or multiclass) to override.")
+        return inferred
     if task not in ("regression", "binary", "multiclass"):
         raise TabularDataError(f"task must be auto, regression, binary or multiclass, got {task!r}.")
     return task
 
 
-def _encode_target(y: pd.Series, name: str, task: str, transform: str) -> tuple[np.ndarray, list[str]]:
+def infer_task(y: pd.Series) -> tuple[str, str]:
+    """The task ``auto`` infers from target values ``y``, and why (class docstring's rule).
+
+    Example:
+        >>> infer_task(pd.Series([0, 1, 1, 0]))
+        ('binary', 'it holds integers with 2 distinct values (at most 20)')
+        >>> infer_task(pd.Series([0.5, 1.5, 2.0]))
+        ('regression', 'it holds floats')
+    """
+    n_values = int(y.nunique(dropna=True))
+    classification = "binary" if n_values == 2 else "multiclass"
+    if pd.api.types.is_bool_dtype(y):
+        return classification, "it holds booleans"
+    if pd.api.types.is_integer_dtype(y):
+        few = n_values <= MAX_INFERRED_CLASSES
+        return (classification if few else "regression",
+                f"it holds integers with {n_values} distinct values"
+                f" ({'at most' if few else 'more than'} {MAX_INFERRED_CLASSES})")
+    if pd.api.types.is_numeric_dtype(y):
+        return "regression", "it holds floats"
+    return classification, "it holds text labels"
+
+
+def _encode_target(y: pd.Series, name: str, task: str, transform: str
+                   ) -> tuple[np.ndarray, list[str], LabelType]:
+    """The target as model labels: ``(values or class codes, class names, label type)``."""
     n_missing = int(y.isna().sum())
     if n_missing:
         raise TabularDataError(f"Target {name!r} has {n_missing} missing value(s); drop those rows.")
     if task == "regression":
-        values = pd.to_numeric(y, errors="coerce")
-        if values.isna().any():
-            example = y[values.isna()].iloc[0]
-            raise TabularDataError(
-                f"Regression target {name!r} has non-numeric values such as {example!r}; set"
-                " data.task to binary/multiclass for labels."
-            )
-        arr = values.to_numpy(dtype=np.float64)
-        if not np.isfinite(arr).all():
-            raise TabularDataError(f"Regression target {name!r} has inf values; drop those rows.")
-        if transform == "log":
-            if (arr <= 0).any():
-                raise TabularDataError(
-                    f"target_transform=log needs a positive target, but {name!r} has values <= 0;"
-                    " use target_transform: none."
-                )
-            arr = np.log(arr)
-        elif transform != "none":
-            raise TabularDataError(f"target_transform must be none or log, got {transform!r}.")
-        return arr, []
+        return _regression_target(y, name, transform), [], "text"
     if transform not in ("none", None):
         raise TabularDataError(f"target_transform={transform!r} applies to regression only.")
-    labels = y.astype(str)
-    class_names = sorted(labels.unique())
+    class_names, label_type = class_order(y)
     if task == "binary" and len(class_names) != 2:
         raise TabularDataError(
             f"task=binary needs exactly 2 labels in {name!r}, found {len(class_names)}:"
@@ -446,8 +580,55 @@ def _encode_target(y: pd.Series, name: str, task: str, transform: str) -> tuple[
         )
     if len(class_names) < 2:
         raise TabularDataError(f"Target {name!r} has a single label {class_names}; nothing to learn.")
-    codes = pd.Categorical(labels, categories=class_names).codes.astype(np.int64)
-    return codes, class_names
+    codes = pd.Categorical(category_strings(y), categories=class_names).codes.astype(np.int64)
+    return codes, class_names, label_type
+
+
+def class_order(y: pd.Series) -> tuple[list[str], LabelType]:
+    """Class names of labels ``y`` in code order, and the labels' type.
+
+    Names are the labels as strings (``category_strings``: ``1`` and ``1.0`` are both ``"1"``).
+    Numeric labels are ordered by value, so ``2`` comes before ``10``; other labels are sorted
+    as strings. The type is ``integer`` for whole numbers, ``boolean`` for booleans, else
+    ``text`` (``TabularSpec.class_labels`` turns names back into labels of that type).
+
+    Example:
+        >>> class_order(pd.Series([10, 2, 2, 1]))
+        (['1', '2', '10'], 'integer')
+        >>> class_order(pd.Series(["b", "a"]))
+        (['a', 'b'], 'text')
+    """
+    values = pd.Series(pd.unique(y.dropna()), dtype=y.dtype)
+    if pd.api.types.is_bool_dtype(y):
+        return list(category_strings(values.sort_values())), "boolean"
+    if not pd.api.types.is_numeric_dtype(y):
+        return sorted(set(category_strings(values))), "text"
+    ordered = values.sort_values()
+    whole = bool(np.all(np.mod(ordered.to_numpy(dtype=np.float64), 1) == 0))
+    return list(dict.fromkeys(category_strings(ordered))), "integer" if whole else "text"
+
+
+def _regression_target(y: pd.Series, name: str, transform: str) -> np.ndarray:
+    values = pd.to_numeric(y, errors="coerce")
+    if values.isna().any():
+        example = y[values.isna()].iloc[0]
+        raise TabularDataError(
+            f"Regression target {name!r} has non-numeric values such as {example!r}; set"
+            " data.task to binary/multiclass for labels."
+        )
+    arr = values.to_numpy(dtype=np.float64)
+    if not np.isfinite(arr).all():
+        raise TabularDataError(f"Regression target {name!r} has inf values; drop those rows.")
+    if transform == "log":
+        if (arr <= 0).any():
+            raise TabularDataError(
+                f"target_transform=log needs a positive target, but {name!r} has values <= 0;"
+                " use target_transform: none."
+            )
+        return np.log(arr)
+    if transform != "none":
+        raise TabularDataError(f"target_transform must be none or log, got {transform!r}.")
+    return arr
 
 
 def _split_indices(

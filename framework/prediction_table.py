@@ -12,14 +12,15 @@ PROBABILITY_PREFIX = "proba_"
 
 def prediction_table(
     member_predictions: Tensor,
-    class_names: Sequence[str] | None = None,
+    class_names: Sequence[object] | None = None,
     to_original_units: Callable[[Tensor], Tensor] | None = None,
 ) -> pd.DataFrame:
     """One row per input row: the ensemble prediction and how much the members disagree.
 
     Classification (``member_predictions`` of shape ``(B, K, C)``, probabilities):
     ``proba_<class>`` (mean member probability, summing to 1), ``prediction`` (the class of
-    highest mean probability), ``member_std`` (population std across members of that
+    highest mean probability, as given in ``class_names``: an integer label stays an
+    integer), ``member_std`` (population std across members of that
     class's probability) and ``disagreement`` (fraction of members whose own top class
     differs from ``prediction``). Regression (``(B, K)`` in the modelled units):
     ``prediction`` (``to_original_units`` of the member mean: for a log target the
@@ -28,7 +29,8 @@ def prediction_table(
 
     Args:
         member_predictions: ``(B, K, C)`` probabilities or ``(B, K)`` regression values.
-        class_names: class labels in code order (default ``"0"``, ``"1"``, ...).
+        class_names: class labels in code order, any type (default ``"0"``, ``"1"``, ...);
+            probability columns use their string form.
         to_original_units: map from modelled to original target units (regression).
 
     Example:
@@ -51,14 +53,15 @@ def prediction_table(
     if members.ndim != 3:
         raise ValueError(f"member_predictions must be (B, K, C) or (B, K), got {tuple(members.shape)}.")
     n_classes = members.shape[-1]
-    names = [str(c) for c in (class_names if class_names else range(n_classes))]
+    labels = list(class_names) if class_names else [str(c) for c in range(n_classes)]
+    names = [str(c) for c in labels]
     if len(names) != n_classes:
         raise ValueError(f"{len(names)} class names for {n_classes} classes.")
     mean = members.mean(1)
     label = mean.argmax(-1)
     chosen = members.gather(2, label[:, None, None].expand(-1, members.shape[1], 1))[..., 0]
     table = pd.DataFrame(mean.numpy(), columns=[PROBABILITY_PREFIX + n for n in names])
-    table["prediction"] = [names[i] for i in label.tolist()]
+    table["prediction"] = [labels[i] for i in label.tolist()]
     table["member_std"] = chosen.std(1, correction=0).numpy()
     table["disagreement"] = (members.argmax(-1) != label[:, None]).float().mean(1).numpy()
     return table

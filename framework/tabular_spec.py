@@ -17,6 +17,8 @@ from torch import Tensor
 
 Task = Literal["regression", "binary", "multiclass"]
 TASKS: tuple[str, ...] = ("regression", "binary", "multiclass")
+LabelType = Literal["text", "integer", "boolean"]
+LABEL_TYPES: tuple[str, ...] = ("text", "integer", "boolean")
 
 
 @dataclass
@@ -36,7 +38,10 @@ class TabularSpec:
             mapped back with ``exp``).
         num_feature_names: numeric column names.
         cat_feature_names: categorical column names.
-        class_names: class labels in code order (classification).
+        class_names: class labels in code order (classification), always strings.
+        label_type: what the training target's labels were: ``text``, ``integer`` (class
+            names are whole numbers, ordered by value) or ``boolean``; ``class_labels`` gives
+            the labels back in that type, so predictions compare equal to the user's labels.
         target_name: the target column of the training table.
         id_column: the column that identifies rows in prediction outputs (``None``: row number).
         preprocessing: the fitted feature preprocessing
@@ -55,6 +60,7 @@ class TabularSpec:
     num_feature_names: list[str] = field(default_factory=list)
     cat_feature_names: list[str] = field(default_factory=list)
     class_names: list[str] = field(default_factory=list)
+    label_type: LabelType = "text"
     target_name: str | None = None
     id_column: str | None = None
     preprocessing: dict[str, Any] | None = None
@@ -69,6 +75,8 @@ class TabularSpec:
             raise ValueError(f"A binary task has exactly 2 classes, got {self.n_classes}.")
         if not (math.isfinite(self.target_std) and self.target_std > 0):
             raise ValueError(f"target_std must be positive and finite, got {self.target_std}.")
+        if self.label_type not in LABEL_TYPES:
+            raise ValueError(f"label_type must be one of {LABEL_TYPES}, got {self.label_type!r}.")
         if self.bins is not None and len(self.bins) != self.n_num_features:
             raise ValueError(f"{len(self.bins)} bin lists for {self.n_num_features} numeric features.")
 
@@ -76,6 +84,20 @@ class TabularSpec:
     def d_out(self) -> int:
         """Outputs per member: 1 for regression and binary, ``n_classes`` otherwise."""
         return self.n_classes if self.task == "multiclass" else 1  # type: ignore[return-value]
+
+    def class_labels(self) -> list[str] | list[int] | list[bool]:
+        """Class labels in code order, in the training target's type (``label_type``).
+
+        Example:
+            >>> spec = TabularSpec("binary", 1, n_classes=2, class_names=["2", "10"], label_type="integer")
+            >>> spec.class_labels()
+            [2, 10]
+        """
+        if self.label_type == "integer":
+            return [int(name) for name in self.class_names]
+        if self.label_type == "boolean":
+            return [name == "True" for name in self.class_names]
+        return list(self.class_names)
 
     def bin_tensors(self) -> list[Tensor] | None:
         """Bin edges as float32 tensors (or ``None``)."""

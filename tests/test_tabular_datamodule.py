@@ -176,7 +176,7 @@ def test_error_text_labels_for_regression(table_csv):
 
 
 def test_error_missing_file(tmp_path):
-    with pytest.raises(TabularDataError, match=r"does not exist; check data.path"):
+    with pytest.raises(TabularDataError, match=r"nope.csv: does not exist; check data.init_args.path"):
         _ = _dm(str(tmp_path / "nope.csv")).spec
 
 

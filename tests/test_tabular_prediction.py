@@ -14,6 +14,7 @@ import torch
 from conftest import make_table
 
 from ripieno.datamodules import TabularDataError, TabularDataModule
+from ripieno.datamodules.tabular import spec_from_checkpoint
 from ripieno.framework.cli import main
 from ripieno.framework.methods import TabularEnsembleModule, TabularMLP
 
@@ -38,9 +39,9 @@ def _new_rows(task: str) -> pd.DataFrame:
     return rows
 
 
-def _fit(tmp_path, task: str, module_cls=TabularEnsembleModule):
+def _fit(tmp_path, task: str, module_cls=TabularEnsembleModule, frame: pd.DataFrame | None = None):
     path = tmp_path / "train.csv"
-    _messy_table(task).to_csv(path, index=False)
+    (_messy_table(task) if frame is None else frame).to_csv(path, index=False)
     dm = TabularDataModule(dataset=None, path=str(path), target="y", categorical=["colour"],
                            missing="impute", id_column="customer", n_bins=8, batch_size=64)
     kwargs = {"k": 4, "d_block": 16} if module_cls is TabularEnsembleModule else {}
@@ -164,3 +165,21 @@ def test_predict_path_needs_the_trained_columns_and_keeps_ids(tmp_path):
         bad.predict_dataloader()
     with pytest.raises(TabularDataError, match="No train split"):
         dm.train_dataloader()
+
+
+def test_integer_labels_come_back_as_integers_in_numeric_class_order(tmp_path, caplog):
+    frame = _messy_table("multiclass")
+    frame["y"] = frame["y"].map({"class_0": 10, "class_1": 2, "class_2": 1})
+    model, _, ckpt = _fit(tmp_path, "multiclass", frame=frame)
+    assert spec_from_checkpoint(str(ckpt)).class_labels() == [1, 2, 10]
+    frame.to_csv(tmp_path / "labelled.csv", index=False)
+    dm = TabularDataModule(dataset=None, predict_path=str(tmp_path / "labelled.csv"),
+                           preprocessing_from=str(ckpt))
+    with caplog.at_level("INFO"):
+        assert len(dm.predict_dataloader().dataset) == len(frame)
+    assert "model does not use" not in caplog.text  # the integer target column is the model's own
+    out = model.predict_frame(pd.read_csv(tmp_path / "labelled.csv"))
+    proba = ["proba_1", "proba_2", "proba_10"]
+    assert list(out.columns) == ["customer", *proba, "prediction", "member_std", "disagreement"]
+    assert pd.api.types.is_integer_dtype(out["prediction"])
+    assert out["prediction"].tolist() == [[1, 2, 10][i] for i in out[proba].to_numpy().argmax(1)]

@@ -42,7 +42,7 @@ class TabularPredictionMixin:
     def prediction_frame(self, members: Tensor) -> pd.DataFrame:
         """Member predictions ``(B, K, C)`` or ``(B, K)`` as a named table (``prediction_table``)."""
         regression = self.spec.task == "regression"
-        return prediction_table(members, None if regression else self.spec.class_names,
+        return prediction_table(members, None if regression else self.spec.class_labels(),
                                 self.to_original_units if regression else None)  # type: ignore[attr-defined]
 
     @torch.no_grad()
@@ -79,8 +79,9 @@ class TabularPredictionMixin:
         Columns are found by name (order does not matter; columns the model does not use are
         ignored with a note; missing ones are an error naming them). The output starts with the
         spec's ``id_column`` when the frame has it (else ``row``, the position), then the columns
-        of ``prediction_table``: ``proba_<class>``, ``prediction``, ``member_std`` and
-        ``disagreement`` (classification), or ``prediction`` in the target's original units and
+        of ``prediction_table``: ``proba_<class>``, ``prediction`` (a label of the training
+        target's type, ``TabularSpec.class_labels``), ``member_std`` and ``disagreement``
+        (classification), or ``prediction`` in the target's original units and
         ``member_std`` (regression).
 
         Args:
