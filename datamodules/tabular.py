@@ -91,7 +91,7 @@ class TabularDataModule(SplitDataModule):
     transformed training features; regression targets optionally log-transformed (the module
     standardises them with the spec's mean and std).
 
-    Prediction: ``predict_path`` names a CSV/Parquet file of new rows (the target column
+    Prediction: ``predict_path`` names a CSV/TSV/Parquet file of new rows (the target column
     optional, extra columns ignored with a note, missing ones an error naming them); its rows
     are predicted in file order and written with ``id_column`` (or the row number) by
     ``MemberPredictionWriter``. Without ``predict_path``, ``predict`` serves the test split
@@ -111,7 +111,8 @@ class TabularDataModule(SplitDataModule):
 
     Args:
         dataset: name of a shipped data set (ignored when ``path`` is given).
-        path: a ``.csv`` or ``.parquet`` file of the user's own table, or a folder written by
+        path: a ``.csv``, ``.tsv`` or ``.parquet`` file of the user's own table (a file that
+            cannot be read is a one-line error naming it and the fix), or a folder written by
             ``datasets``' ``save_to_disk`` (its official splits are kept, see ``splits``).
         data_files: local files read with ``datasets.load_dataset(builder, data_files=...)``: a
             path, a list, or ``{split: paths}``.
@@ -136,7 +137,7 @@ class TabularDataModule(SplitDataModule):
             ``impute`` (training median / most frequent category plus a ``<col>__missing``
             indicator for every column with missing training values).
         id_column: a column that identifies rows: not a feature, kept in prediction outputs.
-        predict_path: a ``.csv`` or ``.parquet`` file of rows to predict.
+        predict_path: a ``.csv``, ``.tsv`` or ``.parquet`` file of rows to predict.
         preprocessing_from: a checkpoint whose spec and fitted preprocessing to use (predict
             only; the training table is not read).
         val_size: fraction of rows for validation.
@@ -495,15 +496,17 @@ def spec_from_checkpoint(path: str) -> TabularSpec:
     """The ``TabularSpec`` a checkpoint's model was trained with (``weights_only=True``)."""
     file = Path(path).expanduser()
     arg = "data.init_args.preprocessing_from"
+    another = f"point {arg} (or --ckpt_path) at a .ckpt written by ripieno fit"
     if not file.is_file():
         raise TabularDataError(file_problem(file, "does not exist" if not file.exists() else "is not a file",
                                             f"check {arg} (or --ckpt_path)"))
+    if file.stat().st_size == 0:
+        raise TabularDataError(file_problem(file, "is empty (0 bytes)", another))
     try:
         checkpoint = torch.load(file, map_location="cpu", weights_only=True)
     except (RuntimeError, OSError, EOFError, pickle.UnpicklingError) as err:
-        raise TabularDataError(file_problem(
-            file, f"is not a readable checkpoint ({_first_line(err)})",
-            f"point {arg} (or --ckpt_path) at a .ckpt written by ripieno fit")) from err
+        raise TabularDataError(file_problem(file, f"is not a readable checkpoint ({_first_line(err)})",
+                                            another)) from err
     spec = checkpoint.get("hyper_parameters", {}).get("data_spec") if isinstance(checkpoint, dict) else None
     if spec is None:
         raise TabularDataError(file_problem(

