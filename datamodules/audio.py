@@ -60,6 +60,7 @@ from ripieno.datamodules.vision_backbone import (
     check_source_choice,
     resolve_model_dir,
 )
+from ripieno.framework.model_folder import json_object
 
 DIGIT_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 DEFAULT_VOICES = ("en-us+m1", "en-us+m3", "en-us+m5", "en-us+m7", "en-us+f1", "en-us+f2", "en-us+f3",
@@ -405,7 +406,7 @@ def load_feature_extractor(model_dir: str | Path | None) -> Any:  # noqa: ANN401
     if not config.is_file():
         raise MissingAudioDataError(f"{str(path)!r} has no preprocessor_config.json (the model's feature"
                                     f" extractor); {hint}.")
-    if '"sampling_rate"' not in config.read_text():
+    if "sampling_rate" not in json_object(config, hint, AudioDataError):
         raise AudioDataError(f"{str(config)!r} is not an audio feature extractor config (no sampling_rate);"
                              " is model_dir a vision or text model?")
     from transformers import AutoFeatureExtractor

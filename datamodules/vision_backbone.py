@@ -43,6 +43,7 @@ from ripieno.datamodules.hf_datasets import SplitPolicy, is_saved_dataset, load_
 from ripieno.datamodules.images import SOURCES as IMAGE_SOURCES
 from ripieno.datamodules.images import ImageDataError, MissingImageDataError, load_source
 from ripieno.datamodules.splits import check_split_args, official_split_rows, seeded_splits
+from ripieno.framework.model_folder import json_object
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".webp")
 FOLDER = "folder"
@@ -133,6 +134,8 @@ class ImagePreprocessor:
         if (path / "preprocessor_config.json").is_file():
             from transformers import AutoImageProcessor
 
+            json_object(path / "preprocessor_config.json",  # a broken file: its name, not transformers' trace
+                        BUILD_HINT.format(kind="dinov2", processor="AutoImageProcessor"), ImageDataError)
             try:
                 self.processor = AutoImageProcessor.from_pretrained(str(path), local_files_only=True)
             except (OSError, ValueError, KeyError) as err:

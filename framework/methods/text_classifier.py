@@ -26,14 +26,15 @@ the model input is the dict of the first two.
 
 from __future__ import annotations
 
-import os
 from typing import Any, Literal
 
 import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 
+from ripieno.framework.errors import file_problem
 from ripieno.framework.methods.member_module import MemberModule
+from ripieno.framework.model_folder import ModelFolderError, check_model_folder
 from ripieno.framework.text_spec import TextSpec
 
 INPUT_KEYS = ("input_ids", "attention_mask")
@@ -106,28 +107,32 @@ def pool_tokens(hidden: Tensor, mask: Tensor, pooling: str) -> Tensor:
     raise ValueError(f"Unknown pooling {pooling!r}; choose one of {TEXT_POOLINGS[1:]}.")
 
 
+PRETRAINED_FIX = ("give pretrained_dir a complete folder written by a Hugging Face model's save_pretrained,"
+                  " or leave it unset to build a small random GPT-2")
+
+
 def load_text_backbone(pretrained_dir: str) -> nn.Module:
     """``AutoModel`` from a local ``save_pretrained`` folder, with errors that name the fix.
 
+    The folder is checked first (``ripieno.framework.model_folder.check_model_folder``), so one
+    that cannot load fails with one line naming it, the problem and the fix.
+
     Raises:
-        FileNotFoundError: the folder or its ``config.json`` is missing.
-        ValueError: an encoder-decoder model (T5, BART), whose ``AutoModel`` needs decoder
-            inputs: load its encoder with ``.get_encoder()`` in your own module instead.
+        MissingModelFolderError: the folder, its ``config.json`` or its weights are missing
+            (a ``FileNotFoundError``).
+        ModelFolderError: a corrupt ``config.json`` or weights file, or an encoder-decoder
+            model (T5, BART), whose ``AutoModel`` needs decoder inputs: load its encoder with
+            ``.get_encoder()`` in your own module instead.
     """
     from transformers import AutoConfig, AutoModel
 
-    if not os.path.isdir(pretrained_dir):
-        raise FileNotFoundError(
-            f"pretrained_dir {pretrained_dir!r} does not exist; give a folder written by"
-            " save_pretrained, or leave it unset to build a small random GPT-2."
-        )
-    if not os.path.isfile(os.path.join(pretrained_dir, "config.json")):
-        raise FileNotFoundError(f"pretrained_dir {pretrained_dir!r} has no config.json; it must be a folder"
-                                " written by a Hugging Face model's save_pretrained.")
+    check_model_folder(pretrained_dir, PRETRAINED_FIX)
     config = AutoConfig.from_pretrained(pretrained_dir, local_files_only=True)
     if getattr(config, "is_encoder_decoder", False):
-        raise ValueError(f"{pretrained_dir!r} holds an encoder-decoder model ({config.model_type});"
-                         " TextClassifier takes encoders or decoder-only models.")
+        raise ModelFolderError(file_problem(
+            pretrained_dir, f"holds an encoder-decoder model ({config.model_type}), and TextClassifier takes"
+            " encoders or decoder-only models", "give pretrained_dir an encoder (BERT, MiniLM, ...) or a"
+            " decoder-only model (GPT-2, Llama, ...)"))
     return AutoModel.from_pretrained(pretrained_dir, local_files_only=True)
 
 
