@@ -6,6 +6,7 @@ from ripieno.callbacks.georeg import GeoReg
 from ripieno.callbacks.glm_sampler import LastLayerSampler
 from ripieno.callbacks.laplace_baseline import LaplaceSampler
 from ripieno.callbacks.mc_dropout import MCDropoutSampler
+from ripieno.callbacks.non_finite_guard import NonFiniteGuard
 from ripieno.callbacks.prediction_writer import MemberPredictionWriter
 from ripieno.callbacks.replica_coupling import ElasticAveraging, ReplicaCoupling
 from ripieno.callbacks.routing_resampler import RoutingResampler
@@ -21,6 +22,7 @@ __all__ = [
     "LastLayerSampler",
     "MCDropoutSampler",
     "MemberPredictionWriter",
+    "NonFiniteGuard",
     "ReplicaCoupling",
     "RoutingResampler",
     "SWAGSampler",

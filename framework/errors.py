@@ -37,3 +37,11 @@ def file_problem(path: str | PathLike[str], problem: str, fix: str) -> str:
         The message, ending with a full stop.
     """
     return f"{path}: {problem}; {fix.rstrip('.')}."
+
+
+class NonFiniteTrainingError(RuntimeError):
+    """Training produced a non-finite loss, metric or weight; the message says where and why.
+
+    Raised by ``ripieno.callbacks.NonFiniteGuard`` before the value can reach a checkpoint;
+    the ``ripieno`` command prints it as its message alone.
+    """
