@@ -17,6 +17,7 @@ import torch
 
 from ripieno.callbacks.posterior_predictive import PosteriorPredictiveCallback
 from ripieno.callbacks.temperature_scaling import TemperatureScaling
+from ripieno.framework.checkpoint_file import read_checkpoint
 from ripieno.framework.uq.linearization import call_model
 
 
@@ -60,8 +61,11 @@ class DeepEnsembleSampler(PosteriorPredictiveCallback):
     def prepare(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Load the members (in eval mode, on the module's device)."""
         cls = type(pl_module)
-        self.members = [cls.load_from_checkpoint(path, map_location=pl_module.device).eval()
-                        for path in self.checkpoints]
+        for path in self.checkpoints:  # a missing or damaged member file is named, with the fix
+            read_checkpoint(path, option="DeepEnsembleSampler(checkpoints=...)")
+        self.members = [
+            cls.load_from_checkpoint(path, map_location=pl_module.device, weights_only=True).eval()
+            for path in self.checkpoints]
         self.likelihood = self.resolve_likelihood(pl_module, self.likelihood_setting)
         if self.likelihood == "regression":
             noise = self.noise_variance_setting

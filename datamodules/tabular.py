@@ -8,7 +8,6 @@ model), so errors come before any training.
 from __future__ import annotations
 
 import codecs
-import pickle
 from pathlib import Path
 from typing import Any, Literal
 
@@ -30,6 +29,7 @@ from ripieno.datamodules.base import (  # noqa: F401
 from ripieno.datamodules.hf_datasets import SplitPolicy, is_saved_dataset, load_hf_splits, resolve_splits
 from ripieno.datamodules.splits import check_split_args, split_rows
 from ripieno.datamodules.tabular_sources import SOURCES
+from ripieno.framework.checkpoint_file import read_checkpoint
 from ripieno.framework.errors import file_problem
 from ripieno.framework.nn.embeddings import compute_bins
 from ripieno.framework.tabular_preprocessing import (
@@ -496,18 +496,8 @@ def spec_from_checkpoint(path: str) -> TabularSpec:
     """The ``TabularSpec`` a checkpoint's model was trained with (``weights_only=True``)."""
     file = Path(path).expanduser()
     arg = "data.init_args.preprocessing_from"
-    another = f"point {arg} (or --ckpt_path) at a .ckpt written by ripieno fit"
-    if not file.is_file():
-        raise TabularDataError(file_problem(file, "does not exist" if not file.exists() else "is not a file",
-                                            f"check {arg} (or --ckpt_path)"))
-    if file.stat().st_size == 0:
-        raise TabularDataError(file_problem(file, "is empty (0 bytes)", another))
-    try:
-        checkpoint = torch.load(file, map_location="cpu", weights_only=True)
-    except (RuntimeError, OSError, EOFError, pickle.UnpicklingError) as err:
-        raise TabularDataError(file_problem(file, f"is not a readable checkpoint ({_first_line(err)})",
-                                            another)) from err
-    spec = checkpoint.get("hyper_parameters", {}).get("data_spec") if isinstance(checkpoint, dict) else None
+    checkpoint = read_checkpoint(file, option=f"{arg} (or --ckpt_path)")
+    spec = (checkpoint.get("hyper_parameters") or {}).get("data_spec")
     if spec is None:
         raise TabularDataError(file_problem(
             file, "has no data_spec hyperparameter (it was not saved by a tabular ripieno model)",

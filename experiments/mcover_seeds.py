@@ -133,7 +133,7 @@ def run_variant(recipe: str | Path, seed: int, overrides: Sequence[str] = ()) ->
                 if isinstance(c, ModelCheckpoint)]
         for rule, (best_path, best_score) in zip(RULES, best, strict=True):
             results = cli.trainer.test(cli.model, datamodule=cli.datamodule, ckpt_path=best_path,
-                                       verbose=False)[0]
+                                       verbose=False, weights_only=True)[0]
             row[f"val/{rule}_accuracy"] = round(best_score, 6)
             row[f"test/{rule}_accuracy"] = round(float(results[f"test/{rule}_accuracy"]), 6)
             row[f"test/{rule}_nll"] = round(float(results[f"test/{rule}_nll"]), 6)

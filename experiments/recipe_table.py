@@ -58,7 +58,8 @@ def run_recipe(recipe: str | Path, seed: int, out: Path, overrides: Sequence[str
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     checkpoint = next(c for c in cli.trainer.callbacks if isinstance(c, ModelCheckpoint))
     results = cli.trainer.test(cli.model, datamodule=cli.datamodule,
-                               ckpt_path=checkpoint.best_model_path or None, verbose=False)[0]
+                               ckpt_path=checkpoint.best_model_path or None, verbose=False,
+                               weights_only=True)[0]
     best = Path(checkpoint.best_model_path).stem  # "best-epoch=NN"
     row: dict[str, Any] = {"recipe": path.stem, "seed": seed}
     row.update({name: round(float(value), 6) for name, value in sorted(results.items())

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import lightning as L
 
+from ripieno.framework.checkpoint_file import CheckpointFileError, read_checkpoint
 from ripieno.framework.methods.member_selection import METHODS, METRICS
 
 USAGE = ("ripieno select_members -c CONFIG --ckpt_path CKPT --k K [--method greedy|topk]"
@@ -49,9 +50,10 @@ def select_members_main(args: list[str]) -> Path:
         raise SystemExit("ripieno select_members: give the run's config with -c (a recipe name or the"
                          " config.yaml saved beside its logs), so the validation split can be rebuilt.")
     ckpt = Path(options.ckpt_path).expanduser()
-    if not ckpt.is_file():
-        raise SystemExit(f"ripieno select_members: checkpoint {str(ckpt)!r} does not exist;"
-                         " check --ckpt_path.")
+    try:
+        read_checkpoint(ckpt)
+    except CheckpointFileError as error:
+        raise SystemExit(f"ripieno select_members: {error}") from None
     with quiet_cli_notices():
         cli = RipienoCLI(args=resolve_config_args(rest), run=False, save_config_callback=None)
     model_cls = type(cli.model)

@@ -16,6 +16,7 @@ from conftest import make_table
 from ripieno.datamodules import TabularDataError, TabularDataModule, TextDataError
 from ripieno.datamodules.tabular import read_table
 from ripieno.datamodules.text import load_table
+from ripieno.framework.checkpoint_file import CheckpointFileError
 from ripieno.framework.cli import main
 from ripieno.framework.tabular_preprocessing import TabularPreprocessor
 
@@ -204,7 +205,7 @@ def test_encoding_argument_reads_a_latin1_table_and_text_file(tmp_path):
 
 
 @pytest.mark.parametrize(("content", "problem"), [
-    (b"", "is empty (0 bytes)"), (b"not a checkpoint at all", "is not a readable checkpoint")])
+    (b"", "is empty (0 bytes)"), (b"not a checkpoint at all", "is not a PyTorch checkpoint")])
 def test_a_bad_preprocessing_checkpoint_is_named(tmp_path, content, problem):
     rows = tmp_path / "new.csv"
     make_table(n=10).to_csv(rows, index=False)
@@ -212,5 +213,5 @@ def test_a_bad_preprocessing_checkpoint_is_named(tmp_path, content, problem):
     ckpt.write_bytes(content)
     dm = TabularDataModule(dataset=None, predict_path=str(rows), preprocessing_from=str(ckpt))
     expected = re.escape(f"{ckpt}: {problem}") + ".*data.init_args.preprocessing_from"
-    with pytest.raises(TabularDataError, match=f"^{expected}"):
+    with pytest.raises(CheckpointFileError, match=f"^{expected}"):
         dm.predict_dataloader()

@@ -62,7 +62,7 @@ def test_replica_coupling_and_easgd_keep_ranks_identical(tmp_path):
                                                   "bank": _bank})
     _ddp(tmp_path, [RoutingResampler(every_n_steps=1), ReplicaCoupling(gamma0=0.1), easgd, gather]).fit(
         model, datamodule=dm)
-    state = torch.load(tmp_path / "state.pt")
+    state = torch.load(tmp_path / "state.pt", weights_only=True)
     for name in ("weights", "centre", "bank"):
         assert torch.equal(state[name][0], state[name][1]), name
 
@@ -79,6 +79,6 @@ def test_georeg_under_ddp_logs_and_keeps_ranks_identical(tmp_path):
     model = FusionClassifier(dm.spec, d_proj=8)
     gather = _GatherState(tmp_path / "state.pt", {"head": _head, "isotropy": _train_isotropy})
     _ddp(tmp_path, [GeoReg(weight=1.0), gather], epochs=2).fit(model, datamodule=dm)
-    state = torch.load(tmp_path / "state.pt")
+    state = torch.load(tmp_path / "state.pt", weights_only=True)
     assert torch.equal(state["head"][0], state["head"][1])
     assert torch.equal(state["isotropy"][0], state["isotropy"][1])  # synced across ranks

@@ -114,7 +114,7 @@ def test_two_processes_extract_once_and_read_the_same(folders, tmp_path):
     mp.start_processes(_extract_in_process, args=(str(tmp_path), str(folders / "bert"), batches, str(marker)),
                        nprocs=2, start_method="spawn")
     assert len(marker.read_text().split()) == 1  # one process loaded and ran the backbone
-    outs = [torch.load(tmp_path / f"out{r}.pt") for r in (0, 1)]
+    outs = [torch.load(tmp_path / f"out{r}.pt", weights_only=True) for r in (0, 1)]
     assert sorted(o["hit"] for o in outs) == [False, True]
     assert torch.equal(outs[0]["emb"], outs[1]["emb"])
     model = BertModel.from_pretrained(str(folders / "bert"))

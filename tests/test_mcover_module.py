@@ -70,7 +70,7 @@ def _fit(tmp_path, epochs, ckpt_path=None):
     model = _model(dm, routing="exact")
     checkpoint = ModelCheckpoint(dirpath=tmp_path, save_last=True)
     trainer = _trainer(tmp_path, [RoutingResampler(every_n_steps=2, seed=3), checkpoint], epochs=epochs)
-    trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path)
+    trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path, weights_only=True)
     return model, checkpoint
 
 
@@ -167,7 +167,7 @@ def test_ddp_ranks_route_identically(tmp_path):
                         callbacks=[RoutingResampler(every_n_steps=1, seed=5), _BankRecorder(),
                                    DestroyGlooAtExit()])
     trainer.fit(model, datamodule=dm)
-    saved = torch.load(tmp_path / "banks.pt")
+    saved = torch.load(tmp_path / "banks.pt", weights_only=True)
     assert torch.equal(saved["banks"][0], saved["banks"][1])
     assert torch.equal(saved["weights"][0], saved["weights"][1])
     assert saved["best"][0] == saved["best"][1] >= 0  # the best copy is chosen on the synced scores
@@ -265,17 +265,18 @@ def test_best_copy_round_trips_through_a_checkpoint(tmp_path):
     checkpoint = ModelCheckpoint(dirpath=tmp_path, monitor="val/collapsed_accuracy", mode="max", save_top_k=1)
     trainer = _trainer(tmp_path, [checkpoint], epochs=3)
     trainer.fit(model, datamodule=dm)
-    saved = torch.load(checkpoint.best_model_path, weights_only=False)
+    saved = torch.load(checkpoint.best_model_path, weights_only=True)
     index = int(saved["state_dict"]["best_copy_index"])
     assert 0 <= index < model.n_copies
     model.best_copy_index.fill_((index + 1) % model.n_copies)  # test must take the checkpoint's copy
-    result = trainer.test(model, datamodule=dm, ckpt_path=checkpoint.best_model_path, verbose=False)[0]
+    result = trainer.test(model, datamodule=dm, ckpt_path=checkpoint.best_model_path, verbose=False,
+                          weights_only=True)[0]
     assert result["test/best_copy_index"] == index
-    loaded = MCoverClassifier.load_from_checkpoint(checkpoint.best_model_path, weights_only=False)
+    loaded = MCoverClassifier.load_from_checkpoint(checkpoint.best_model_path, weights_only=True)
     assert int(loaded.best_copy_index) == index and loaded.collapse_rule == "best_copy"
     del saved["state_dict"]["best_copy_index"]  # a checkpoint from before the collapse rules
     torch.save(saved, tmp_path / "old.ckpt")
-    old = MCoverClassifier.load_from_checkpoint(tmp_path / "old.ckpt", weights_only=False)
+    old = MCoverClassifier.load_from_checkpoint(tmp_path / "old.ckpt", weights_only=True)
     assert int(old.best_copy_index) == -1
 
 
@@ -287,9 +288,9 @@ def test_testing_an_easgd_checkpoint_uses_its_centre(tmp_path):
     trainer = _trainer(tmp_path, [ElasticAveraging(alpha=0.1), checkpoint], epochs=2)
     trainer.fit(model, datamodule=dm)
     first = sorted(tmp_path.glob("epoch=0*.ckpt"))[0]
-    state = torch.load(first, weights_only=False)
+    state = torch.load(first, weights_only=True)
     centre = next(v["centre"] for k, v in state["callbacks"].items() if "ElasticAveraging" in k)
-    result = trainer.test(model, datamodule=dm, ckpt_path=first, verbose=False)[0]
+    result = trainer.test(model, datamodule=dm, ckpt_path=first, verbose=False, weights_only=True)[0]
     x, y = _split(dm.test_dataloader())
     with torch.no_grad():
         logits = model.net._base_network(centre[:2], centre[2:])(x)

@@ -370,7 +370,7 @@ def test_module_equals_the_annealer_and_resumes_exactly(tmp_path):
     _trainer(tmp_path / "b", epochs=2).fit(first, datamodule=dm)
     ckpt = next((tmp_path / "b").rglob("*.ckpt"))
     resumed = BinaryPerceptronSA(dm.spec, **kw)
-    _trainer(tmp_path / "b", epochs=4).fit(resumed, datamodule=dm, ckpt_path=ckpt)
+    _trainer(tmp_path / "b", epochs=4).fit(resumed, datamodule=dm, ckpt_path=ckpt, weights_only=True)
     assert torch.equal(resumed.copies(), straight.copies())
     loaded = BinaryPerceptronSA.load_from_checkpoint(ckpt, weights_only=True)
     assert torch.equal(loaded.copies(), first.copies())

@@ -18,7 +18,7 @@ def _run(tmp_path, max_epochs, ckpt_path=None):
     trainer = L.Trainer(max_epochs=max_epochs, deterministic=True, logger=False,
                         enable_progress_bar=False, enable_model_summary=False,
                         callbacks=[monitor, checkpoint], default_root_dir=tmp_path)
-    trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path)
+    trainer.fit(model, datamodule=dm, ckpt_path=ckpt_path, weights_only=True)
     return model, monitor, checkpoint
 
 

@@ -201,7 +201,7 @@ def test_swag_state_dict_round_trip_and_checkpoint_resume(tmp_path):
     # resume from the checkpoint: collection continues where it stopped
     resumed, later = SWAGSampler(n_samples=3, swa_start=2, max_rank=3), Recorder()
     _trainer(tmp_path, [later, resumed], max_epochs=6).fit(
-        TinyModel(), datamodule=data, ckpt_path=str(tmp_path / "ckpt" / "last.ckpt"))
+        TinyModel(), datamodule=data, ckpt_path=str(tmp_path / "ckpt" / "last.ckpt"), weights_only=True)
     snaps = torch.stack([recorder.snapshots[2], recorder.snapshots[3],
                          later.snapshots[4], later.snapshots[5]])
     assert resumed.n_models == 4

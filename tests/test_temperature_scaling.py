@@ -208,7 +208,8 @@ def test_checkpoint_carries_the_temperature_to_a_new_trainer(tmp_path):
     path = tmp_path / "fitted.ckpt"
     trainer.save_checkpoint(path)
     fresh = TemperatureScaling()
-    result = _trainer(tmp_path, [fresh]).test(UserModule(), test, ckpt_path=str(path), verbose=False)[0]
+    result = _trainer(tmp_path, [fresh]).test(UserModule(), test, ckpt_path=str(path), verbose=False,
+                                              weights_only=True)[0]
     assert fresh.temperature == scaling.temperature
     assert result["calibrated/test/temperature"] == pytest.approx(scaling.temperature)
 

@@ -67,12 +67,12 @@ def test_prediction_writer_under_ddp_covers_every_row_once(tmp_path):
                         enable_progress_bar=False, default_root_dir=tmp_path,
                         callbacks=[MemberPredictionWriter(output_dir=str(tmp_path)), DestroyGlooAtExit()])
     trainer.predict(model, datamodule=dm, return_predictions=False)
-    parts = [torch.load(tmp_path / f"predictions_rank{r}.pt") for r in (0, 1)]
+    parts = [torch.load(tmp_path / f"predictions_rank{r}.pt", weights_only=True) for r in (0, 1)]
     index = torch.cat([p["index"] for p in parts])
     assert sorted(index.tolist()) == list(range(120))  # the test split, no row lost or doubled
     single = L.Trainer(logger=False, enable_progress_bar=False, default_root_dir=tmp_path / "one",
                        callbacks=[MemberPredictionWriter(output_dir=str(tmp_path / "one"))])
     single.predict(model, datamodule=dm, return_predictions=False)
-    ref = torch.load(tmp_path / "one" / "predictions.pt")
+    ref = torch.load(tmp_path / "one" / "predictions.pt", weights_only=True)
     merged = torch.cat([p["prediction"] for p in parts])[index.argsort()]
     assert torch.allclose(merged, ref["prediction"][ref["index"].argsort()], atol=1e-6)

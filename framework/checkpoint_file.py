@@ -1,0 +1,101 @@
+"""Reading a checkpoint file safely, with errors that say which file and what to do.
+
+``torch.load`` reports a damaged file as a bare ``EOFError``, ``OSError: [Errno 22]`` or an
+unpickling error that advises ``weights_only=False``, which is the wrong advice for a corrupt
+file and an unsafe one for a file of unknown origin. ``read_checkpoint`` checks the file
+first (present, not empty, a zip archive as ``torch.save`` writes) and loads it with
+``weights_only=True`` and ``mmap=True`` (tensors are mapped, not read), so asking for the
+hyperparameters of a large checkpoint costs little memory.
+
+Example:
+    >>> import tempfile, torch
+    >>> from pathlib import Path
+    >>> folder = Path(tempfile.mkdtemp())
+    >>> torch.save({"state_dict": {"w": torch.ones(2)}, "hyper_parameters": {"lr": 0.1}}, folder / "a.ckpt")
+    >>> read_checkpoint(folder / "a.ckpt")["hyper_parameters"]
+    {'lr': 0.1}
+    >>> (folder / "empty.ckpt").write_bytes(b"")
+    0
+    >>> try:
+    ...     read_checkpoint(folder / "empty.ckpt")
+    ... except CheckpointFileError as error:
+    ...     print(str(error).split(": ", 1)[1].split(";")[0])
+    is empty (0 bytes), probably written by a run that stopped while saving
+"""
+
+from __future__ import annotations
+
+import pickle
+import re
+import zipfile
+from os import PathLike
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ripieno.framework.errors import RipienoInputError, file_problem
+
+_GLOBAL = re.compile(r"Unsupported global: GLOBAL (\S+)")
+OTHER_CHECKPOINT = "give {option} another checkpoint of that run (last.ckpt or a best-*.ckpt), or train again"
+
+
+class CheckpointFileError(RipienoInputError):
+    """A checkpoint file is missing, empty, damaged, unsafe to load or not a Lightning checkpoint."""
+
+
+def read_checkpoint(path: str | PathLike[str], option: str = "--ckpt_path") -> dict[str, Any]:
+    """Load a Lightning checkpoint with ``weights_only=True``, or say what is wrong with it.
+
+    Args:
+        path: The checkpoint file.
+        option: The setting that named it, quoted in the messages (``--ckpt_path``).
+
+    Returns:
+        The checkpoint's dictionary (tensors memory-mapped from the file).
+
+    Raises:
+        CheckpointFileError: The file is missing, a folder, empty, not a ``torch.save`` zip
+            archive, truncated or damaged, holds objects that safe loading refuses, or has no
+            ``state_dict``. The message names the file, the problem and the fix.
+    """
+    file = Path(path).expanduser()
+    if not file.exists():
+        raise CheckpointFileError(file_problem(file, "does not exist", f"check {option}"))
+    if file.is_dir():
+        raise CheckpointFileError(file_problem(file, "is a folder, not a checkpoint file",
+                                               f"give {option} a .ckpt file inside it, e.g. last.ckpt"))
+    if file.stat().st_size == 0:
+        raise CheckpointFileError(file_problem(
+            file, "is empty (0 bytes), probably written by a run that stopped while saving",
+            OTHER_CHECKPOINT.format(option=option)))
+    if not zipfile.is_zipfile(file):
+        raise CheckpointFileError(file_problem(
+            file, "is not a PyTorch checkpoint (not the zip archive torch.save writes: damaged, truncated or"
+            " another kind of file)", OTHER_CHECKPOINT.format(option=option)))
+    try:
+        checkpoint = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+    except pickle.UnpicklingError as error:
+        refused = _GLOBAL.search(str(error))
+        if refused is None:  # a garbled pickle: torch reports its bytes as unsupported operands
+            raise CheckpointFileError(file_problem(file, f"is truncated or damaged ({_first_line(error)})",
+                                                   OTHER_CHECKPOINT.format(option=option))) from None
+        raise CheckpointFileError(file_problem(
+            file, f"holds Python objects that safe loading (weights_only=True) refuses ({refused.group(1)})",
+            "save checkpoints with plain tensors, numbers, strings, lists and dicts (ripieno's own modules"
+            " do); load this one by hand with weights_only=False only if you trust where it came from"))\
+            from None
+    except (RuntimeError, OSError, EOFError, ValueError) as error:
+        raise CheckpointFileError(file_problem(file, f"is truncated or damaged ({_first_line(error)})",
+                                               OTHER_CHECKPOINT.format(option=option))) from None
+    if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
+        raise CheckpointFileError(file_problem(
+            file, "is not a Lightning checkpoint (it has no state_dict)",
+            f"give {option} a file saved by a Lightning Trainer (ModelCheckpoint or"
+            " trainer.save_checkpoint)"))
+    return checkpoint
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0][:200]}" if text else type(error).__name__
