@@ -19,37 +19,104 @@ command. Extras over plain LightningCLI:
   members of a trained tabular ensemble as a new checkpoint;
 * ``--test_after_fit true`` (the recipes' default) tests the best checkpoint after
   ``fit`` and prints the test metrics and where the logs, checkpoint and config went.
+
+And guards (``RipienoCLI``'s docstring has the details):
+
+* ``--ckpt_path``: the config decides the model; a checkpoint of another class, other
+  hyperparameters or another data spec stops the run before it trains, listing the
+  differences (``--resume_hparams checkpoint`` keeps plain LightningCLI's behaviour);
+* two runs never share a run folder (versions claimed with ``mkdir``, ``config.yaml``
+  created exclusively);
+* a NaN/inf loss, metric or checkpointed weight stops training (``NonFiniteGuard``);
+* bad input (a config typo, a monitor the task does not log, a damaged file) ends the
+  command with one line that names it and the fix, before any training.
 """
 
 from __future__ import annotations
 
+import copy
+import difflib
+import hashlib
 import importlib.util
+import math
 import os
 import shutil
 import sys
 import warnings
+from argparse import ArgumentError
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, Literal
 
+import yaml
 from jsonargparse import Namespace
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
-from ripieno.framework.errors import RipienoInputError
+from ripieno.framework.checkpoint_file import read_checkpoint
+from ripieno.framework.config_errors import ConfigError, explain_config_error
+from ripieno.framework.errors import NonFiniteTrainingError, RipienoInputError
 from ripieno.framework.recipes import RecipeNotFoundError, find_recipe, list_recipes
+from ripieno.framework.resume_check import CLASS_KEY, hparam_differences
+from ripieno.framework.run_folders import (
+    RunConfigSaver,
+    claim_logger_versions,
+    claim_version,
+    first_process,
+    release_unused,
+    use_claimed_versions,
+)
 
 CONFIG_FLAGS = ("-c", "--config")
 LOG_NAME = "logs"
 """Folder of the default CSV logger inside ``trainer.default_root_dir``."""
+LINKED_MODEL_ARGS = ("data_spec",)
+"""Model arguments the CLI fills from the datamodule at instantiation (``add_arguments_to_parser``)."""
+LIGHTNING_CKPT_NAMES = ("best", "last", "hpc", "registry")
+"""``ckpt_path`` values that Lightning resolves itself rather than naming a file."""
+GUARD_CLASS = "ripieno.callbacks.NonFiniteGuard"
+ResumeHparams = Literal["config", "checkpoint"]
+
+
+class CheckpointMismatchError(RipienoInputError):
+    """``--ckpt_path`` names a checkpoint of another model, hyperparameters or data than the config's."""
 
 
 class RipienoCLI(LightningCLI):
-    """LightningCLI that links data specs into models and can test after fitting."""
+    """LightningCLI that links data specs into models, guards runs and can test after fitting.
+
+    Over plain LightningCLI (module docstring for the conveniences):
+
+    * ``--ckpt_path``: the config decides the model. The checkpoint file is checked first (a
+      missing, empty or damaged file stops with its name and the fix); a checkpoint of another
+      model class, other hyperparameters or another data spec stops the run before anything is
+      trained, listing the differences and the ways on. ``--resume_hparams checkpoint`` keeps
+      plain LightningCLI's behaviour (the checkpoint's hyperparameters replace the config's).
+      Checkpoints load with ``weights_only=True``.
+    * Runs never share a folder: file loggers without a version get one claimed atomically
+      (``framework.run_folders``), and ``config.yaml`` is created exclusively.
+    * A ``NonFiniteGuard`` is added to every run that has none: a NaN/inf loss, metric or
+      checkpointed weight stops training with where and why.
+    * A ``val/...`` metric monitored by a ``ModelCheckpoint`` or ``EarlyStopping`` that the
+      model does not log for this data stops the run before training, naming the closest one.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:  # noqa: ANN401
+        """LightningCLI's arguments; the config is saved by ``RunConfigSaver`` unless told otherwise."""
+        kwargs.setdefault("save_config_callback", RunConfigSaver)
+        kwargs["parser_kwargs"] = _raising_parsers(kwargs.get("parser_kwargs"))
+        self._checkpoint: dict[str, Any] | None = None
+        self._claimed: dict[Path, int] = {}
+        try:
+            super().__init__(*args, **kwargs)
+        except BaseException:
+            release_unused(self._claimed)  # a run that stopped early leaves no empty version folder
+            raise
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        """Link ``data.spec`` -> ``model.data_spec`` and add ``--test_after_fit``."""
+        """Link ``data.spec`` -> ``model.data_spec``; add ``--test_after_fit`` and ``--resume_hparams``."""
         parser.link_arguments(
             "data.spec", "model.init_args.data_spec", apply_on="instantiate", compute_fn=_spec_as_dict
         )
@@ -61,20 +128,162 @@ class RipienoCLI(LightningCLI):
             "--tensorboard", type=bool, default=True,
             help="When tensorboard is installed, also write TensorBoard events beside the CSV logs.",
         )
+        parser.add_argument(
+            "--resume_hparams", type=ResumeHparams, default="config",
+            help="With --ckpt_path: 'config' (default) builds the model the config describes and stops if"
+                 " the checkpoint holds another; 'checkpoint' lets the checkpoint's hyperparameters replace"
+                 " the config's, as plain LightningCLI does.",
+        )
+
+    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:  # noqa: ANN401
+        """Parse, and turn a parser error into a ``ConfigError`` that leads with the offending key."""
+        try:
+            super().parse_arguments(parser, args)
+        except ArgumentError as error:
+            given = sys.argv[1:] if args is None else args
+            words = [a for a in given if isinstance(a, str)] if isinstance(given, list) else []
+            subcommand = next((w for w in words if w in self._subcommand_parsers), None)
+            options = _option_names(self._parser(subcommand) if subcommand else parser)
+            files = [words[i + 1] for i, w in enumerate(words[:-1]) if w in CONFIG_FLAGS]
+            raise ConfigError(explain_config_error(str(error), options, files)) from None
+
+    def _parse_ckpt_path(self) -> None:
+        """Check ``--ckpt_path``'s file, then that it holds the config's model (class docstring)."""
+        subcommand = self.config.get("subcommand")
+        if not subcommand:
+            return
+        config = self.config[subcommand]
+        path = config.get("ckpt_path")
+        if not path or str(path) in LIGHTNING_CKPT_NAMES or str(path).startswith("registry:"):
+            return
+        self._checkpoint = read_checkpoint(path)
+        if config.get("resume_hparams") == "checkpoint":
+            super()._parse_ckpt_path()
+            return
+        self._stop_on_differences(self._configured_hparams("model"), skip=LINKED_MODEL_ARGS)
+
+    def _configured_hparams(self, key: str) -> dict[str, Any]:
+        """The ``hyper_parameters`` Lightning's CLI would save for section ``key`` of this config."""
+        dump = yaml.safe_load(self.parser.dump(self.config, skip_link_targets=False, skip_none=False))
+        section = dump[self.config["subcommand"]].get(key) or {}
+        if "class_path" not in section:
+            return dict(section)
+        return {CLASS_KEY: section["class_path"], **(section.get("init_args") or {}),
+                **(section.get("dict_kwargs") or {})}
+
+    def _stop_on_differences(self, model_hparams: dict[str, Any], skip: tuple[str, ...] = ()) -> None:
+        """Raise ``CheckpointMismatchError`` if the checkpoint's model or datamodule is not the config's."""
+        checkpoint = self._checkpoint or {}
+        differences = hparam_differences(checkpoint.get("hyper_parameters") or {}, model_hparams, skip=skip)
+        data_class = (checkpoint.get("datamodule_hyper_parameters") or {}).get(CLASS_KEY)
+        configured = self._configured_hparams("data").get(CLASS_KEY)
+        if data_class and configured and data_class != configured:
+            differences.insert(0, f"data.class_path: checkpoint {data_class}, config {configured}")
+        if differences:
+            raise CheckpointMismatchError(self._mismatch_message(differences))
+
+    def _mismatch_message(self, differences: list[str]) -> str:
+        subcommand = self.config["subcommand"]
+        path = self.config[subcommand]["ckpt_path"]
+        lines = [f"{path} holds another model than this config describes, so nothing was run."
+                 f" What differs ({len(differences)}):"]
+        lines += [f"  {line}" for line in differences[:40]]
+        if len(differences) > 40:
+            lines.append(f"  ... and {len(differences) - 40} more")
+        if any(".data_spec." in line for line in differences):
+            lines.append("(data_spec is what the datamodule learned from its training split: these data"
+                         " settings, rows or preprocessing are not the checkpoint's.)")
+        lines.append("Either")
+        lines.append("  - train from scratch with this config: leave out --ckpt_path;")
+        own, why = self._checkpoint_config(Path(path))
+        if own is not None:
+            lines.append(f"  - run the checkpoint with its own config ({why}):"
+                         f" ripieno {subcommand} -c {own} --ckpt_path {path}")
+        lines.append("  - or let the checkpoint's hyperparameters replace the config's (plain LightningCLI's"
+                     " behaviour): add --resume_hparams checkpoint.")
+        return "\n".join(lines)
+
+    def _checkpoint_config(self, path: Path) -> tuple[Path | None, str]:
+        """The config the checkpoint was trained with: its run's ``config.yaml``, else one written now."""
+        checkpoint = self._checkpoint or {}
+        saved = checkpoint.get("hyper_parameters") or {}
+        for folder in (path.parent, path.parent.parent):
+            candidate = folder / "config.yaml"
+            if candidate.is_file() and _config_matches(candidate, saved):
+                return candidate, "its run's config.yaml"
+        subcommand = self.config["subcommand"]
+        sections: dict[str, Any] = {}
+        for key, hparams in (("model", saved), ("data", checkpoint.get("datamodule_hyper_parameters") or {})):
+            if CLASS_KEY in hparams:
+                sections[key] = {"class_path": hparams[CLASS_KEY], "init_args": {
+                    k: v for k, v in hparams.items()
+                    if k not in (CLASS_KEY, "_instantiator") and k not in LINKED_MODEL_ARGS}}
+        if "model" not in sections:
+            return None, ""
+        try:
+            rebuilt = self.parser.parse_object({subcommand: sections}, copy.deepcopy(self.config))
+            text = self._parser(subcommand).dump(rebuilt[subcommand], skip_none=False)
+        except (SystemExit, Exception):  # noqa: BLE001 - a hint we cannot build is left out, not fatal
+            return None, ""
+        root = Path(self.config[subcommand].get("trainer", {}).get("default_root_dir") or ".")
+        digest = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:8]
+        target = root / "checkpoint_configs" / f"{path.stem}-{digest}.yaml"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text)
+        return target, "rebuilt from the checkpoint's hyperparameters"
 
     def before_instantiate_classes(self) -> None:
-        """Default CSV logger; ``predict`` on new rows reads its preprocessing from the checkpoint."""
+        """Default CSV logger with a claimed version, the guard, ``weights_only`` loading.
+
+        ``predict`` on new rows reads its preprocessing from the checkpoint.
+        """
         config = self.config.get(self.subcommand, self.config) if self.subcommand else self.config
         if self.subcommand == "predict":
             _preprocessing_from_checkpoint(config)
+        if config.get("ckpt_path") and "weights_only" in config and config.get("weights_only") is None:
+            config["weights_only"] = True
         _data_progress_follows_trainer(config)
         trainer = config.get("trainer")
-        if trainer is None or trainer.get("logger") not in (None, True):
+        if trainer is None:
             return
-        trainer["logger"] = Namespace(
-            class_path="lightning.pytorch.loggers.CSVLogger",
-            init_args=Namespace(save_dir=str(trainer.get("default_root_dir") or "."), name=LOG_NAME),
-        )
+        _add_non_finite_guard(trainer)
+        self._claimed = claim_logger_versions(trainer)
+
+    def instantiate_trainer(self, **kwargs: Any) -> Any:  # noqa: ANN401
+        """The Trainer; without a configured logger, a CSV logger in a claimed ``logs/version_N``.
+
+        The logger is made here rather than written into the config, so the saved
+        ``config.yaml`` names no folder and a rerun of it follows ``--trainer.default_root_dir``.
+        """
+        trainer = self._get(self.config_init, "trainer", default={})
+        unset = trainer.get("logger") is None or trainer.get("logger") is True
+        if "logger" not in kwargs and unset and not trainer.get("fast_dev_run"):
+            save_dir = str(trainer.get("default_root_dir") or ".")
+            root = Path(save_dir) / LOG_NAME
+            version = claim_version(root) if first_process() else None
+            if version is not None:
+                self._claimed[root] = version
+            kwargs["logger"] = CSVLogger(save_dir=save_dir, name=LOG_NAME, version=version)
+        return super().instantiate_trainer(**kwargs)
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        """Claim the run's ``config.yaml`` before the Trainer opens the run folder, then run."""
+        saver = next((c for c in self.trainer.callbacks if isinstance(c, RunConfigSaver)), None)
+        if saver is not None:
+            saver.write_before_run(self.trainer)
+        super()._run_subcommand(subcommand)
+
+    def after_instantiate_classes(self) -> None:
+        """Before anything runs: the checkpoint's whole model (data spec included), the monitors."""
+        super().after_instantiate_classes()
+        use_claimed_versions(self.trainer.loggers, self._claimed)
+        config = self.config.get(self.subcommand, self.config) if self.subcommand else self.config
+        if self._checkpoint is not None and config.get("resume_hparams") != "checkpoint":
+            hparams = dict(getattr(self.model, "hparams", {}) or {})
+            if hparams:
+                self._stop_on_differences(hparams)
+        if self.subcommand == "fit":
+            _check_monitors(self.model, self.trainer.callbacks)
 
     def before_fit(self) -> None:
         """Add a TensorBoard logger writing into the CSV logger's folder, when installed."""
@@ -97,8 +306,10 @@ class RipienoCLI(LightningCLI):
             return
         checkpoint = next((c for c in trainer.callbacks if isinstance(c, ModelCheckpoint)), None)
         best = checkpoint.best_model_path if checkpoint is not None else ""
+        if checkpoint is not None:
+            refuse_non_finite_best(checkpoint)
         results = trainer.test(self.model, datamodule=self.datamodule,
-                               ckpt_path=best or None, verbose=False)
+                               ckpt_path=best or None, verbose=False, weights_only=True)
         if trainer.is_global_zero:
             lines = ["", "ripieno: test metrics of " + (f"best checkpoint {best}" if best else
                                                         "the final weights")]
@@ -115,6 +326,81 @@ class RipienoCLI(LightningCLI):
             config_path = Path(log_dir) / "config.yaml"
             lines.append(f"ripieno: config     {config_path if config_path.exists() else '(not saved)'}")
             print("\n".join(lines), flush=True)
+
+
+def refuse_non_finite_best(checkpoint: ModelCheckpoint) -> None:
+    """Raise ``NonFiniteTrainingError`` if the best checkpoint's monitored score is NaN or inf.
+
+    ``NonFiniteGuard`` keeps such checkpoints from being written; this is the last line for
+    runs without it: a non-finite checkpoint is never reported or tested as the best one.
+    """
+    score = checkpoint.best_model_score
+    if checkpoint.best_model_path and score is not None and not math.isfinite(float(score)):
+        raise NonFiniteTrainingError(
+            f"the best checkpoint {checkpoint.best_model_path} has {checkpoint.monitor} = {float(score)}:"
+            " it is not reported as best or tested. Lower the learning rate or check the data, then train"
+            " again.")
+
+
+def _raising_parsers(parser_kwargs: dict[str, Any] | None) -> dict[str, Any]:
+    """``parser_kwargs`` with ``exit_on_error=False`` for the main parser and each subcommand's."""
+    kwargs = dict(parser_kwargs or {})
+    kwargs.setdefault("exit_on_error", False)
+    for subcommand in LightningCLI.subcommands():
+        kwargs[subcommand] = {"exit_on_error": False, **(kwargs.get(subcommand) or {})}
+    return kwargs
+
+
+def _option_names(parser: LightningArgumentParser) -> list[str]:
+    return [name for action in parser._actions for name in action.option_strings if name.startswith("--")]
+
+
+def _config_matches(path: Path, hparams: dict[str, Any]) -> bool:
+    """Whether the model section of a saved config describes a checkpoint's hyperparameters."""
+    try:
+        model = (yaml.safe_load(path.read_text()) or {}).get("model") or {}
+    except (OSError, yaml.YAMLError):
+        return False
+    if "class_path" in model:
+        model = {CLASS_KEY: model["class_path"], **(model.get("init_args") or {})}
+    return not hparam_differences(hparams, model, skip=LINKED_MODEL_ARGS)
+
+
+def _add_non_finite_guard(trainer: Namespace) -> None:
+    """Append a ``NonFiniteGuard`` to a trainer config's callbacks unless one is there."""
+    callbacks = trainer.get("callbacks") or []
+    if not isinstance(callbacks, list):
+        callbacks = [callbacks]
+    if any(isinstance(c, Namespace) and c.get("class_path") == GUARD_CLASS for c in callbacks):
+        return
+    trainer["callbacks"] = [*callbacks, Namespace(class_path=GUARD_CLASS, init_args=Namespace())]
+
+
+def _check_monitors(model: object, callbacks: list[Any]) -> None:
+    """Every ``val/...`` monitor must be a metric the model logs (``MemberModule.logged_metric_names``)."""
+    names_of = getattr(model, "logged_metric_names", None)
+    if not callable(names_of):
+        return
+    logged = sorted(names_of("val"))
+    watchers: dict[str, list[str]] = {}
+    for callback in callbacks:
+        monitor = getattr(callback, "monitor", None)
+        if isinstance(callback, ModelCheckpoint | EarlyStopping) and isinstance(monitor, str) \
+                and monitor.startswith("val/") and monitor not in logged:
+            watchers.setdefault(monitor, []).append(type(callback).__name__)
+    if not watchers:
+        return
+    kind = "regression" if getattr(model, "member_output_kind", "") == "regression" else "classification"
+    problems = []
+    for monitor, names in watchers.items():
+        close = difflib.get_close_matches(monitor, logged, n=1, cutoff=0.0)
+        verb = "monitors" if len(names) == 1 else "monitor"
+        problems.append(f"{' and '.join(sorted(set(names)))} {verb} {monitor!r}"
+                        + (f" (did you mean {close[0]!r}?)" if close else ""))
+    raise RipienoInputError(
+        f"{'; '.join(problems)}, which {type(model).__name__} does not log on this data ({kind}); it logs"
+        f" {', '.join(logged)}. Set those callbacks' init_args.monitor in the recipe to one of them, or check"
+        " the data's task (data.init_args.task).")
 
 
 def _preprocessing_from_checkpoint(config: Namespace) -> None:
@@ -227,6 +513,24 @@ def main(args: list[str] | None = None) -> None:
         raise SystemExit(f"ripieno: {error}") from None
     try:
         with quiet_cli_notices():
-            RipienoCLI(save_config_kwargs={"overwrite": True}, args=args)
-    except RipienoInputError as error:
-        raise SystemExit(f"ripieno: error: {error}") from None
+            RipienoCLI(args=args)
+    except Exception as error:
+        cause = _user_error(error)
+        if cause is None:
+            raise
+        raise SystemExit(f"ripieno: error: {cause}") from None
+
+
+def _user_error(error: BaseException | None) -> BaseException | None:
+    """The ``RipienoInputError`` or ``NonFiniteTrainingError`` behind ``error``, if any.
+
+    jsonargparse wraps an error raised while instantiating a class (a model whose folder
+    cannot be loaded) in its own ``ValueError``; the user's error is in the chain.
+    """
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, RipienoInputError | NonFiniteTrainingError):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None

@@ -305,6 +305,12 @@ class MCoverClassifier(MemberModule):
         if scores is not None:
             self._log_collapse_rules("test", scores, self.chosen_copy())
 
+    def logged_metric_names(self, stage: str) -> set[str]:
+        """The base module's names plus the collapse rules' (``_log_collapse_rules``)."""
+        rules = ("best_copy_accuracy", "best_copy_nll", "collapsed_accuracy", "collapsed_nll",
+                 "best_copy_index")
+        return super().logged_metric_names(stage) | {f"{stage}/{name}" for name in rules}
+
     def _copy_scores(self, stage: str) -> dict[str, Tensor] | None:
         metric = self.copy_scores[f"{stage}_"]
         return metric.per_copy() if metric.update_called else None

@@ -320,6 +320,13 @@ class BinaryPerceptronSA(MemberModule):
         """Log every rule's errors; the best copy is the one chosen on validation."""
         self._log_eval("test", self.chosen_copy())
 
+    def logged_metric_names(self, stage: str) -> set[str]:
+        """The base module's names plus every rule's errors (``_log_eval``)."""
+        names = [f"gen_error_{rule}" for rule in ("mean_weights", "best_copy", "copy_average", "collapsed",
+                                                   "copies")]
+        names += ["best_copy_index", "error_best_copy", "error_collapsed", "accuracy"]
+        return super().logged_metric_names(stage) | {f"{stage}/{name}" for name in names}
+
     def _log_eval(self, stage: str, index: int) -> None:
         """Generalisation errors (from the teacher) and the split's errors of every rule."""
         teacher, copies = self.teacher.cpu().to(torch.float64), self.copies()

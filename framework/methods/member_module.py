@@ -165,6 +165,16 @@ class MemberModule(LossTermsMixin, RNGStateMixin, L.LightningModule):
             metrics["auroc"] = torchmetrics.AUROC(task="binary")
         return metrics
 
+    def logged_metric_names(self, stage: str) -> set[str]:
+        """The names this module logs on ``stage`` (``val`` or ``test``).
+
+        The ``ripieno`` command checks every ``val/...`` metric that a ``ModelCheckpoint`` or
+        ``EarlyStopping`` monitors against them before training, so a monitor the task does
+        not have (``val/nll`` on a regression) stops the run at once. A subclass that logs
+        more names adds them.
+        """
+        return {f"{stage}/loss", *self.metrics[f"{stage}_"].keys()}
+
     def update_metrics(self, metrics: MetricCollection, out: StepOutput) -> int:
         """Update a stage's metrics with a step's output; returns the number of rows scored."""
         outputs, target = out["member_outputs"].detach(), out["target"]

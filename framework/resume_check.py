@@ -1,0 +1,101 @@
+"""Does a checkpoint hold the model a config describes? The differences, listed.
+
+Plain LightningCLI copies a checkpoint's hyperparameters over the config when ``--ckpt_path``
+is given, so a run can train a model other than the one its config names, under that
+config's name. ripieno's CLI does the opposite: the config decides, and a checkpoint made
+with another model class, other hyperparameters or another data spec stops the run before
+it trains. ``hparam_differences`` lists what differs, one line per setting, with nested
+settings (the data spec) flattened to dotted names.
+
+Example:
+    >>> checkpoint = {"_class_path": "pkg.Model", "rank": 4, "lr": 0.002,
+    ...               "data_spec": {"n_classes": 2, "bins": [0.1, 0.5, 0.9]}}
+    >>> config = {"_class_path": "pkg.Model", "rank": 8, "lr": 0.002,
+    ...           "data_spec": {"n_classes": 3, "bins": [0.1, 0.4, 0.8]}}
+    >>> for line in hparam_differences(checkpoint, config):
+    ...     print(line)
+    model.init_args.data_spec.bins[1]: checkpoint 0.5, config 0.4 (2 of 3 positions differ)
+    model.init_args.data_spec.n_classes: checkpoint 2, config 3
+    model.init_args.rank: checkpoint 4, config 8
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+CLASS_KEY = "_class_path"
+IGNORED_KEYS = frozenset({"_instantiator"})
+"""Bookkeeping that Lightning's CLI stores beside the hyperparameters."""
+
+_MISSING = object()
+_MAX_VALUE_CHARS = 60
+
+
+def hparam_differences(checkpoint: Mapping[str, Any], config: Mapping[str, Any], *,
+                       prefix: str = "model", skip: Iterable[str] = ()) -> list[str]:
+    """Every setting whose value differs between a checkpoint's and a config's hyperparameters.
+
+    Args:
+        checkpoint: The checkpoint's ``hyper_parameters`` (or ``datamodule_hyper_parameters``).
+        config: The same for the model the config describes, in the form Lightning's CLI
+            saves (``_class_path`` plus the init arguments).
+        prefix: The config section, used in the setting names (``model`` or ``data``).
+        skip: Top-level keys to leave out (e.g. link targets not known yet).
+
+    Returns:
+        Sorted lines ``<setting>: checkpoint <value>, config <value>``; the class first.
+    """
+    skipped = IGNORED_KEYS | set(skip)
+    lines = []
+    ours, theirs = checkpoint.get(CLASS_KEY), config.get(CLASS_KEY)
+    if ours is not None and theirs is not None and ours != theirs:
+        lines.append(f"{prefix}.class_path: checkpoint {ours}, config {theirs}")
+    old = {k: v for k, v in checkpoint.items() if k not in skipped and k != CLASS_KEY}
+    new = {k: v for k, v in config.items() if k not in skipped and k != CLASS_KEY}
+    flat_old, flat_new = _flatten(old, f"{prefix}.init_args"), _flatten(new, f"{prefix}.init_args")
+    for key in sorted(flat_old.keys() | flat_new.keys()):
+        a, b = flat_old.get(key, _MISSING), flat_new.get(key, _MISSING)
+        if not _same(a, b):
+            lines.append(_difference(key, a, b))
+    return lines
+
+
+def _difference(key: str, a: Any, b: Any) -> str:  # noqa: ANN401
+    """One line for one differing setting; equal-length lists say where they first differ."""
+    if isinstance(a, list | tuple) and isinstance(b, list | tuple) and len(a) == len(b):
+        where = [i for i, (x, y) in enumerate(zip(a, b, strict=True)) if not _same(x, y)]
+        more = f" ({len(where)} of {len(a)} positions differ)" if len(where) > 1 else ""
+        i = where[0]
+        return f"{key}[{i}]: checkpoint {_show(a[i])}, config {_show(b[i])}{more}"
+    return f"{key}: checkpoint {_show(a)}, config {_show(b)}"
+
+
+def _flatten(values: Mapping[str, Any], prefix: str) -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in values.items():
+        name = f"{prefix}.{key}"
+        if isinstance(value, Mapping) and value:
+            flat.update(_flatten(value, name))
+        else:
+            flat[name] = value
+    return flat
+
+
+def _same(a: Any, b: Any) -> bool:  # noqa: ANN401
+    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a is b
+    return a == b
+
+
+def _show(value: Any) -> str:  # noqa: ANN401
+    if value is _MISSING:
+        return "(not set)"
+    if isinstance(value, list | tuple) and len(repr(value)) > _MAX_VALUE_CHARS:
+        return f"a list of {len(value)} values"
+    text = repr(value)
+    return text if len(text) <= _MAX_VALUE_CHARS else text[: _MAX_VALUE_CHARS - 3] + "..."
