@@ -35,7 +35,6 @@ And guards (``RipienoCLI``'s docstring has the details):
 from __future__ import annotations
 
 import copy
-import difflib
 import hashlib
 import importlib.util
 import math
@@ -51,13 +50,14 @@ from typing import Any, Literal
 
 import yaml
 from jsonargparse import Namespace
-from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
 from ripieno.framework.checkpoint_file import read_checkpoint
 from ripieno.framework.config_errors import ConfigError, explain_config_error
 from ripieno.framework.errors import NonFiniteTrainingError, RipienoInputError
+from ripieno.framework.monitor_check import check_monitors
 from ripieno.framework.recipes import RecipeNotFoundError, find_recipe, list_recipes
 from ripieno.framework.resume_check import CLASS_KEY, hparam_differences
 from ripieno.framework.run_folders import (
@@ -283,7 +283,7 @@ class RipienoCLI(LightningCLI):
             if hparams:
                 self._stop_on_differences(hparams)
         if self.subcommand == "fit":
-            _check_monitors(self.model, self.trainer.callbacks)
+            check_monitors(self.model, self.trainer.callbacks)
 
     def before_fit(self) -> None:
         """Add a TensorBoard logger writing into the CSV logger's folder, when installed."""
@@ -374,33 +374,6 @@ def _add_non_finite_guard(trainer: Namespace) -> None:
     if any(isinstance(c, Namespace) and c.get("class_path") == GUARD_CLASS for c in callbacks):
         return
     trainer["callbacks"] = [*callbacks, Namespace(class_path=GUARD_CLASS, init_args=Namespace())]
-
-
-def _check_monitors(model: object, callbacks: list[Any]) -> None:
-    """Every ``val/...`` monitor must be a metric the model logs (``MemberModule.logged_metric_names``)."""
-    names_of = getattr(model, "logged_metric_names", None)
-    if not callable(names_of):
-        return
-    logged = sorted(names_of("val"))
-    watchers: dict[str, list[str]] = {}
-    for callback in callbacks:
-        monitor = getattr(callback, "monitor", None)
-        if isinstance(callback, ModelCheckpoint | EarlyStopping) and isinstance(monitor, str) \
-                and monitor.startswith("val/") and monitor not in logged:
-            watchers.setdefault(monitor, []).append(type(callback).__name__)
-    if not watchers:
-        return
-    kind = "regression" if getattr(model, "member_output_kind", "") == "regression" else "classification"
-    problems = []
-    for monitor, names in watchers.items():
-        close = difflib.get_close_matches(monitor, logged, n=1, cutoff=0.0)
-        verb = "monitors" if len(names) == 1 else "monitor"
-        problems.append(f"{' and '.join(sorted(set(names)))} {verb} {monitor!r}"
-                        + (f" (did you mean {close[0]!r}?)" if close else ""))
-    raise RipienoInputError(
-        f"{'; '.join(problems)}, which {type(model).__name__} does not log on this data ({kind}); it logs"
-        f" {', '.join(logged)}. Set those callbacks' init_args.monitor in the recipe to one of them, or check"
-        " the data's task (data.init_args.task).")
 
 
 def _preprocessing_from_checkpoint(config: Namespace) -> None:
