@@ -20,7 +20,7 @@ import yaml
 from jsonargparse import Namespace
 
 from ripieno.framework.cli import main
-from ripieno.framework.run_folders import RunFolderTakenError, claim_logger_versions, claim_version
+from ripieno.framework.run_folders import claim_logger_versions, claim_version
 
 HERE = Path(__file__).resolve()
 REPEATS = 10
@@ -115,10 +115,6 @@ def test_runs_without_a_logger_take_the_next_free_config_name(tmp_path: Path) ->
     rates = [yaml.safe_load((tmp_path / name).read_text())["model"]["init_args"]["lr"]
              for name in ("config.yaml", "config_1.yaml")]
     assert rates == [0.002, 0.5]
-
-
-def test_the_error_type_is_an_input_error() -> None:
-    assert issubclass(RunFolderTakenError, ValueError)
 
 
 def _fit_repeatedly(root: Path, worker: int) -> None:
