@@ -30,7 +30,7 @@ from ripieno.datamodules.hf_datasets import SplitPolicy, is_saved_dataset, load_
 from ripieno.datamodules.splits import check_split_args, split_rows
 from ripieno.datamodules.tabular_sources import SOURCES
 from ripieno.framework.checkpoint_file import read_checkpoint
-from ripieno.framework.errors import file_problem
+from ripieno.framework.errors import file_problem, first_line
 from ripieno.framework.nn.embeddings import compute_bins
 from ripieno.framework.tabular_preprocessing import (
     TabularPreprocessingError,
@@ -437,7 +437,7 @@ def _read_parquet(file: Path, arg: str, error: type[DataModuleError]) -> pd.Data
     try:
         return pd.read_parquet(file)
     except (OSError, ValueError) as err:  # pyarrow's ArrowInvalid is a ValueError
-        reason = _first_line(err).split("': ", 1)[-1]  # pyarrow repeats the path before the reason
+        reason = first_line(err).split("': ", 1)[-1]  # pyarrow repeats the path before the reason
         raise error(file_problem(
             file, f"is not a readable Parquet file ({reason})",
             f"write it again (e.g. DataFrame.to_parquet), or point {arg} at another file")) from err
@@ -461,10 +461,10 @@ def _read_text_table(file: Path, arg: str, encoding: str, sep: str, error: type[
         raise error(file_problem(file, "has no header and no rows (only blank lines)",
                                  f"write the table into it again, or point {arg} at another file")) from err
     except pd.errors.ParserError as err:
-        raise error(file_problem(file, f"cannot be parsed ({_first_line(err)})",
+        raise error(file_problem(file, f"cannot be parsed ({first_line(err)})",
                                  "give every row as many fields as the header")) from err
     except (OSError, EOFError) as err:  # unreadable, or a broken compressed file
-        raise error(file_problem(file, f"cannot be read ({_first_line(err)})",
+        raise error(file_problem(file, f"cannot be read ({first_line(err)})",
                                  f"check its permissions and compression, or point {arg} at another file")
                     ) from err
 
@@ -485,11 +485,6 @@ def _undecodable_place(file: Path, encoding: str, err: UnicodeDecodeError) -> st
             except UnicodeDecodeError:
                 return f"{place} on line {number}"
     return place
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
 
 
 def spec_from_checkpoint(path: str) -> TabularSpec:

@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from ripieno.framework.errors import RipienoInputError, file_problem
+from ripieno.framework.errors import RipienoInputError, file_problem, first_line
 
 _GLOBAL = re.compile(r"Unsupported global: GLOBAL (\S+)")
 OTHER_CHECKPOINT = "give {option} another checkpoint of that run (last.ckpt or a best-*.ckpt), or train again"
@@ -78,7 +78,7 @@ def read_checkpoint(path: str | PathLike[str], option: str = "--ckpt_path") -> d
     except pickle.UnpicklingError as error:
         refused = _GLOBAL.search(str(error))
         if refused is None:  # a garbled pickle: torch reports its bytes as unsupported operands
-            raise CheckpointFileError(file_problem(file, f"is truncated or damaged ({_first_line(error)})",
+            raise CheckpointFileError(file_problem(file, _damaged(error),
                                                    OTHER_CHECKPOINT.format(option=option))) from None
         raise CheckpointFileError(file_problem(
             file, f"holds Python objects that safe loading (weights_only=True) refuses ({refused.group(1)})",
@@ -86,7 +86,7 @@ def read_checkpoint(path: str | PathLike[str], option: str = "--ckpt_path") -> d
             " do); load this one by hand with weights_only=False only if you trust where it came from"))\
             from None
     except (RuntimeError, OSError, EOFError, ValueError) as error:
-        raise CheckpointFileError(file_problem(file, f"is truncated or damaged ({_first_line(error)})",
+        raise CheckpointFileError(file_problem(file, _damaged(error),
                                                OTHER_CHECKPOINT.format(option=option))) from None
     if not isinstance(checkpoint, dict) or "state_dict" not in checkpoint:
         raise CheckpointFileError(file_problem(
@@ -96,6 +96,5 @@ def read_checkpoint(path: str | PathLike[str], option: str = "--ckpt_path") -> d
     return checkpoint
 
 
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0][:200]}" if text else type(error).__name__
+def _damaged(error: BaseException) -> str:
+    return f"is truncated or damaged ({type(error).__name__}: {first_line(error)[:200]})"

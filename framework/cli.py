@@ -59,7 +59,7 @@ from ripieno.framework.config_errors import ConfigError, explain_config_error
 from ripieno.framework.errors import NonFiniteTrainingError, RipienoInputError
 from ripieno.framework.monitor_check import check_monitors
 from ripieno.framework.recipes import RecipeNotFoundError, find_recipe, list_recipes
-from ripieno.framework.resume_check import CLASS_KEY, hparam_differences
+from ripieno.framework.resume_check import CLASS_KEY, hparam_differences, section_hparams
 from ripieno.framework.run_folders import (
     RunConfigSaver,
     claim_logger_versions,
@@ -165,11 +165,7 @@ class RipienoCLI(LightningCLI):
     def _configured_hparams(self, key: str) -> dict[str, Any]:
         """The ``hyper_parameters`` Lightning's CLI would save for section ``key`` of this config."""
         dump = yaml.safe_load(self.parser.dump(self.config, skip_link_targets=False, skip_none=False))
-        section = dump[self.config["subcommand"]].get(key) or {}
-        if "class_path" not in section:
-            return dict(section)
-        return {CLASS_KEY: section["class_path"], **(section.get("init_args") or {}),
-                **(section.get("dict_kwargs") or {})}
+        return section_hparams(dump[self.config["subcommand"]].get(key) or {})
 
     def _stop_on_differences(self, model_hparams: dict[str, Any], skip: tuple[str, ...] = ()) -> None:
         """Raise ``CheckpointMismatchError`` if the checkpoint's model or datamodule is not the config's."""
@@ -361,9 +357,7 @@ def _config_matches(path: Path, hparams: dict[str, Any]) -> bool:
         model = (yaml.safe_load(path.read_text()) or {}).get("model") or {}
     except (OSError, yaml.YAMLError):
         return False
-    if "class_path" in model:
-        model = {CLASS_KEY: model["class_path"], **(model.get("init_args") or {})}
-    return not hparam_differences(hparams, model, skip=LINKED_MODEL_ARGS)
+    return not hparam_differences(hparams, section_hparams(model), skip=LINKED_MODEL_ARGS)
 
 
 def _add_non_finite_guard(trainer: Namespace) -> None:

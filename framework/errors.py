@@ -39,6 +39,20 @@ def file_problem(path: str | PathLike[str], problem: str, fix: str) -> str:
     return f"{path}: {problem}; {fix.rstrip('.')}."
 
 
+def first_line(error: BaseException) -> str:
+    r"""The first line of an exception's message (its type's name when the message is empty).
+
+    Library errors (pandas, pyarrow, torch) often run to many lines; a one-line message
+    quotes only this part of them.
+
+    Example:
+        >>> first_line(ValueError("bad header\nsee the docs")), first_line(EOFError())
+        ('bad header', 'EOFError')
+    """
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
 class NonFiniteTrainingError(RuntimeError):
     """Training produced a non-finite loss, metric or weight; the message says where and why.
 

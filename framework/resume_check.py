@@ -61,6 +61,22 @@ def hparam_differences(checkpoint: Mapping[str, Any], config: Mapping[str, Any],
     return lines
 
 
+def section_hparams(section: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``hyper_parameters`` Lightning's CLI saves for a config section.
+
+    A ``{class_path, init_args, dict_kwargs}`` section becomes ``{_class_path, **arguments}``;
+    any other mapping is kept as it is.
+
+    Example:
+        >>> section_hparams({"class_path": "pkg.Model", "init_args": {"rank": 4}})
+        {'_class_path': 'pkg.Model', 'rank': 4}
+    """
+    if "class_path" not in section:
+        return dict(section)
+    return {CLASS_KEY: section["class_path"], **(section.get("init_args") or {}),
+            **(section.get("dict_kwargs") or {})}
+
+
 def _difference(key: str, a: Any, b: Any) -> str:  # noqa: ANN401
     """One line for one differing setting; equal-length lists say where they first differ."""
     if isinstance(a, list | tuple) and isinstance(b, list | tuple) and len(a) == len(b):

@@ -51,7 +51,7 @@ from safetensors.torch import save_file
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from ripieno.framework.errors import file_problem
+from ripieno.framework.errors import file_problem, first_line
 from ripieno.framework.model_folder import ModelFolderError, check_model_folder
 
 Pooling = Literal["cls", "mean", "last"]
@@ -662,9 +662,8 @@ def _load_torchscript(path: Path) -> nn.Module:
     try:
         return torch.jit.load(str(path), map_location="cpu")
     except (RuntimeError, ValueError) as error:
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise ModelFolderError(file_problem(
-            path, f"is not a TorchScript archive ({reason})", "save the backbone with"
+            path, f"is not a TorchScript archive ({first_line(error)})", "save the backbone with"
             " torch.jit.save(torch.jit.script(model), path), or point backbone_dir at a model folder"),
         ) from error
 
