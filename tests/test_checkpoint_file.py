@@ -86,6 +86,6 @@ def test_the_command_stops_with_one_line_before_building_anything(tmp_path: Path
     with pytest.raises(SystemExit) as stop:
         main(["fit", "-c", "tabular/lometab_churn", f"--ckpt_path={path}",
               f"--trainer.default_root_dir={tmp_path / 'run'}"])
-    assert str(stop.value.code) == f"ripieno: error: {path}: " + str(stop.value.code).split(f"{path}: ", 1)[1]
-    assert CASES[how] in str(stop.value.code) and "\n" not in str(stop.value.code)
+    message = str(stop.value.code)
+    assert message.startswith(f"ripieno: error: {path}: {CASES[how]}") and "\n" not in message
     assert not (tmp_path / "run").exists()  # nothing was prepared or written
