@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import os
+import tempfile
 
 import numpy as np
 import pandas as pd
 import pytest
 
 os.environ.setdefault("JSONARGPARSE_DEPRECATION_WARNINGS", "off")
+# Generated tokenizers, backbones and feature caches go to ripieno's cache folder: a fresh one per
+# session (subprocesses inherit it), never the user's ~/.cache/ripieno.
+os.environ["RIPIENO_CACHE"] = tempfile.mkdtemp(prefix="ripieno-test-cache-")
 
 
 def make_table(n: int = 240, seed: int = 0, task: str = "regression") -> pd.DataFrame:
