@@ -48,16 +48,23 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
+import lightning as L
 import yaml
 from jsonargparse import Namespace
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+from lightning.pytorch.plugins.io import CheckpointIO
+from lightning.pytorch.strategies import Strategy
+from lightning.pytorch.trainer.states import TrainerStatus
 
 from ripieno.framework.checkpoint_file import read_checkpoint
+from ripieno.framework.checkpoint_io import AtomicCheckpointIO
 from ripieno.framework.config_errors import ConfigError, explain_config_error
+from ripieno.framework.error_lines import one_line_error
 from ripieno.framework.errors import NonFiniteTrainingError, RipienoInputError
 from ripieno.framework.monitor_check import check_monitors
+from ripieno.framework.output_files import check_writable
 from ripieno.framework.recipes import RecipeNotFoundError, find_recipe, list_recipes
 from ripieno.framework.resume_check import CLASS_KEY, hparam_differences, section_hparams
 from ripieno.framework.run_folders import (
@@ -68,6 +75,8 @@ from ripieno.framework.run_folders import (
     release_unused,
     use_claimed_versions,
 )
+from ripieno.framework.run_logs import keep_csv_logs, merge_event_files
+from ripieno.framework.spawn_results import keep_spawned_results
 
 CONFIG_FLAGS = ("-c", "--config")
 LOG_NAME = "logs"
@@ -109,6 +118,7 @@ class RipienoCLI(LightningCLI):
         kwargs["parser_kwargs"] = _raising_parsers(kwargs.get("parser_kwargs"))
         self._checkpoint: dict[str, Any] | None = None
         self._claimed: dict[Path, int] = {}
+        self._default_log_version: int | None = None
         try:
             super().__init__(*args, **kwargs)
         except BaseException:
@@ -142,7 +152,8 @@ class RipienoCLI(LightningCLI):
         except ArgumentError as error:
             given = sys.argv[1:] if args is None else args
             words = [a for a in given if isinstance(a, str)] if isinstance(given, list) else []
-            subcommand = next((w for w in words if w in self._subcommand_parsers), None)
+            subcommands = getattr(self, "_subcommand_parsers", {})  # none in a CLI built with run=False
+            subcommand = next((w for w in words if w in subcommands), None)
             options = _option_names(self._parser(subcommand) if subcommand else parser)
             files = [words[i + 1] for i, w in enumerate(words[:-1]) if w in CONFIG_FLAGS]
             raise ConfigError(explain_config_error(str(error), options, files)) from None
@@ -243,7 +254,16 @@ class RipienoCLI(LightningCLI):
         if trainer is None:
             return
         _add_non_finite_guard(trainer)
+        # Output folders first: a read-only folder or a file in the way stops the run in one line
+        # before the data is prepared (LOES extraction can take minutes).
         self._claimed = claim_logger_versions(trainer)
+        if first_process():
+            root = Path(str(trainer.get("default_root_dir") or "."))
+            if _default_logger_wanted(trainer):
+                self._default_log_version = claim_version(root / LOG_NAME)
+                self._claimed[root / LOG_NAME] = self._default_log_version
+            else:
+                check_writable(root, "the run's outputs")
 
     def instantiate_trainer(self, **kwargs: Any) -> Any:  # noqa: ANN401
         """The Trainer; without a configured logger, a CSV logger in a claimed ``logs/version_N``.
@@ -252,27 +272,47 @@ class RipienoCLI(LightningCLI):
         ``config.yaml`` names no folder and a rerun of it follows ``--trainer.default_root_dir``.
         """
         trainer = self._get(self.config_init, "trainer", default={})
-        unset = trainer.get("logger") is None or trainer.get("logger") is True
-        if "logger" not in kwargs and unset and not trainer.get("fast_dev_run"):
+        if "logger" not in kwargs and _default_logger_wanted(trainer):
             save_dir = str(trainer.get("default_root_dir") or ".")
-            root = Path(save_dir) / LOG_NAME
-            version = claim_version(root) if first_process() else None
-            if version is not None:
-                self._claimed[root] = version
-            kwargs["logger"] = CSVLogger(save_dir=save_dir, name=LOG_NAME, version=version)
+            kwargs["logger"] = CSVLogger(save_dir=save_dir, name=LOG_NAME, version=self._default_log_version)
+        if "plugins" not in kwargs:
+            kwargs["plugins"] = _with_atomic_checkpoints(trainer.get("plugins"), trainer.get("strategy"))
         return super().instantiate_trainer(**kwargs)
 
     def _run_subcommand(self, subcommand: str) -> None:
-        """Claim the run's ``config.yaml`` before the Trainer opens the run folder, then run."""
+        """Claim the run's ``config.yaml`` before the Trainer opens the run folder, then run.
+
+        Ctrl-C (Lightning stops gracefully, then exits) ends with where the last checkpoint is
+        and the command that resumes from it.
+        """
         saver = next((c for c in self.trainer.callbacks if isinstance(c, RunConfigSaver)), None)
         if saver is not None:
             saver.write_before_run(self.trainer)
-        super()._run_subcommand(subcommand)
+        try:
+            super()._run_subcommand(subcommand)
+        except SystemExit:
+            if self.trainer.state.status != TrainerStatus.INTERRUPTED:
+                raise
+            raise SystemExit(self._interrupted_message(subcommand)) from None
+
+    def _interrupted_message(self, subcommand: str) -> str:
+        """Where an interrupted run stopped, its last checkpoint and how to resume (one paragraph)."""
+        trainer = self.trainer
+        where = f"epoch {trainer.current_epoch}, global step {trainer.global_step}"
+        last = latest_checkpoint(trainer)
+        if last is None:
+            return f"ripieno: interrupted at {where}; no checkpoint was saved yet: nothing to resume."
+        config = Path(trainer.log_dir or trainer.default_root_dir) / "config.yaml"
+        config_arg = str(config) if config.is_file() else "<the same config and options>"
+        return (f"ripieno: interrupted at {where}. Last checkpoint: {last}\n"
+                f"ripieno: resume with: ripieno {subcommand} -c {config_arg} --ckpt_path {last}")
 
     def after_instantiate_classes(self) -> None:
         """Before anything runs: the checkpoint's whole model (data spec included), the monitors."""
         super().after_instantiate_classes()
         use_claimed_versions(self.trainer.loggers, self._claimed)
+        if first_process():
+            keep_csv_logs(self.trainer.loggers)
         config = self.config.get(self.subcommand, self.config) if self.subcommand else self.config
         if self._checkpoint is not None and config.get("resume_hparams") != "checkpoint":
             hparams = dict(getattr(self.model, "hparams", {}) or {})
@@ -282,7 +322,12 @@ class RipienoCLI(LightningCLI):
             check_monitors(self.model, self.trainer.callbacks)
 
     def before_fit(self) -> None:
-        """Add a TensorBoard logger writing into the CSV logger's folder, when installed."""
+        """Add a TensorBoard logger writing into the CSV logger's folder, when installed.
+
+        A spawned fit (``ddp_spawn``) hands its progress and checkpoint paths back to this
+        process (``ResultsKeepingLauncher``), so the test after fit continues from them.
+        """
+        keep_spawned_results(self.trainer)
         config = self.config.get(self.subcommand, self.config)
         if not config.get("tensorboard", True) or importlib.util.find_spec("tensorboard") is None:
             return
@@ -321,7 +366,27 @@ class RipienoCLI(LightningCLI):
                     lines.append(f"ripieno: last       {checkpoint.last_model_path}")
             config_path = Path(log_dir) / "config.yaml"
             lines.append(f"ripieno: config     {config_path if config_path.exists() else '(not saved)'}")
+            if any(isinstance(lg, TensorBoardLogger) for lg in trainer.loggers):
+                merge_event_files(log_dir)  # a spawned fit and its test wrote one events file each
             print("\n".join(lines), flush=True)
+
+
+def latest_checkpoint(trainer: L.Trainer) -> Path | None:
+    """The newest checkpoint file a run's ``ModelCheckpoint`` callbacks wrote, if any.
+
+    Their ``last_model_path`` / ``best_model_path`` first, else the newest ``*.ckpt`` in their
+    folders (a spawned fit's workers know the paths; the main process may not).
+    """
+    found: list[Path] = []
+    for callback in trainer.checkpoint_callbacks:
+        if not isinstance(callback, ModelCheckpoint):
+            continue
+        found += [Path(p) for p in (callback.last_model_path, callback.best_model_path) if p]
+        folder = callback.dirpath or (Path(trainer.log_dir) / "checkpoints" if trainer.log_dir else None)
+        if folder is not None and Path(folder).is_dir():
+            found += list(Path(folder).glob("*" + callback.FILE_EXTENSION))
+    existing = [p for p in found if p.is_file()]
+    return max(existing, key=lambda p: p.stat().st_mtime_ns) if existing else None
 
 
 def refuse_non_finite_best(checkpoint: ModelCheckpoint) -> None:
@@ -358,6 +423,26 @@ def _config_matches(path: Path, hparams: dict[str, Any]) -> bool:
     except (OSError, yaml.YAMLError):
         return False
     return not hparam_differences(hparams, section_hparams(model), skip=LINKED_MODEL_ARGS)
+
+
+def _default_logger_wanted(trainer: Namespace | dict[str, Any]) -> bool:
+    """Whether the run gets ripieno's default CSV logger (no logger configured, not a fast_dev_run)."""
+    logger = trainer.get("logger")
+    return (logger is None or logger is True) and not trainer.get("fast_dev_run")
+
+
+def _with_atomic_checkpoints(plugins: Any, strategy: Any) -> list[Any]:  # noqa: ANN401
+    """The Trainer's plugins plus an ``AtomicCheckpointIO``, unless a CheckpointIO is already chosen.
+
+    Strategies that save through their own machinery (DeepSpeed, XLA) or a strategy object that
+    carries a CheckpointIO of its own are left as they are.
+    """
+    listed = list(plugins) if isinstance(plugins, list | tuple) else ([] if plugins is None else [plugins])
+    own_io = isinstance(strategy, Strategy) and strategy._checkpoint_io is not None
+    special = isinstance(strategy, str) and any(name in strategy for name in ("deepspeed", "xla"))
+    if own_io or special or any(isinstance(p, CheckpointIO) for p in listed):
+        return listed
+    return [*listed, AtomicCheckpointIO()]
 
 
 def _add_non_finite_guard(trainer: Namespace) -> None:
@@ -482,22 +567,7 @@ def main(args: list[str] | None = None) -> None:
         with quiet_cli_notices():
             RipienoCLI(args=args)
     except Exception as error:
-        cause = _user_error(error)
-        if cause is None:
+        line = one_line_error(error)
+        if line is None:
             raise
-        raise SystemExit(f"ripieno: error: {cause}") from None
-
-
-def _user_error(error: BaseException | None) -> BaseException | None:
-    """The ``RipienoInputError`` or ``NonFiniteTrainingError`` behind ``error``, if any.
-
-    jsonargparse wraps an error raised while instantiating a class (a model whose folder
-    cannot be loaded) in its own ``ValueError``; the user's error is in the chain.
-    """
-    seen: set[int] = set()
-    while error is not None and id(error) not in seen:
-        if isinstance(error, RipienoInputError | NonFiniteTrainingError):
-            return error
-        seen.add(id(error))
-        error = error.__cause__ or error.__context__
-    return None
+        raise SystemExit(f"ripieno: error: {line}") from None

@@ -77,13 +77,14 @@ def cache_dir(*parts: str) -> Path:
 
 
 def os_error_message(error: OSError, path: str | os.PathLike[str] | None = None,
-                     what: str = "the output") -> str:
+                     what: str = "the output", verb: str = "write") -> str:
     """One line naming the file, what the operating system refused and the fix.
 
     Args:
         error: The ``OSError`` raised while writing.
         path: The file being written (default: the error's own ``filename``).
         what: What was being written, e.g. ``"the checkpoint"``.
+        verb: What was being done to it (``write``; ``use`` when it may have been a read).
 
     Example:
         >>> import errno
@@ -109,7 +110,24 @@ def os_error_message(error: OSError, path: str | os.PathLike[str] | None = None,
     else:
         problem = (error.strerror or type(error).__name__).rstrip(".").lower()
         fix = "check the folder and the disk, or choose another folder (--trainer.default_root_dir)"
-    return file_problem(where, f"cannot write {what}: {problem}", fix)
+    return file_problem(where, f"cannot {verb} {what}: {problem}", fix)
+
+
+def check_writable(folder: str | os.PathLike[str], what: str = "the outputs") -> Path:
+    """Create ``folder`` if needed and check that a file can be created in it.
+
+    Raises:
+        OutputWriteError: One line naming the folder, the problem and the fix.
+    """
+    target = Path(folder)
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+        probe = target / f".ripieno-write-check-{uuid.uuid4().hex[:8]}{PARTIAL_SUFFIX}"
+        probe.touch(exist_ok=False)
+        probe.unlink()
+    except OSError as error:
+        raise OutputWriteError(os_error_message(error, target, what)) from None
+    return target
 
 
 @contextlib.contextmanager
@@ -148,12 +166,12 @@ def atomic_output(path: str | os.PathLike[str], mode: str = "wb", *, replace: bo
     except FileExistsError:
         _remove(temp)
         raise
-    except OSError as error:
+    except BaseException as error:
         _remove(temp)
-        raise OutputWriteError(os_error_message(error, target, what)) from error
-    except BaseException:
-        _remove(temp)
-        raise
+        refused = _os_error(error)  # torch.save reports a full disk as a RuntimeError of its zip writer
+        if refused is None:
+            raise
+        raise OutputWriteError(os_error_message(refused, target, what)) from error
 
 
 def write_new_file(path: str | os.PathLike[str], data: bytes | str, *, what: str = "the output") -> Path:
@@ -201,6 +219,17 @@ def _sync_folder(folder: Path) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def _os_error(error: BaseException | None) -> OSError | None:
+    """The ``OSError`` in ``error``'s chain (itself, its cause or context), if any."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, OSError):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
 
 
 def _remove(path: Path) -> None:

@@ -34,6 +34,7 @@ from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 from typing_extensions import override
 
 from ripieno.framework.errors import RipienoInputError, file_problem
+from ripieno.framework.output_files import OutputWriteError, atomic_output, os_error_message, write_new_file
 
 VERSION_FOLDER = re.compile(r"version_(\d+)")
 FILE_LOGGERS = (CSVLogger, TensorBoardLogger)
@@ -50,16 +51,19 @@ def claim_version(root: str | Path) -> int:
         The claimed N; ``root/version_N`` exists, was empty and belongs to this call.
     """
     folder = Path(root)
-    folder.mkdir(parents=True, exist_ok=True)
-    taken = [int(m.group(1)) for p in folder.iterdir() if (m := VERSION_FOLDER.fullmatch(p.name))]
-    version = max(taken, default=-1) + 1
-    while True:
-        try:
-            (folder / f"version_{version}").mkdir()
-        except FileExistsError:
-            version += 1
-            continue
-        return version
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        taken = [int(m.group(1)) for p in folder.iterdir() if (m := VERSION_FOLDER.fullmatch(p.name))]
+        version = max(taken, default=-1) + 1
+        while True:
+            try:
+                (folder / f"version_{version}").mkdir()
+            except FileExistsError:
+                version += 1
+                continue
+            return version
+    except OSError as error:  # read-only, a file in the way, a name too long: one line, before any work
+        raise OutputWriteError(os_error_message(error, folder, "the run folder")) from None
 
 
 def first_process() -> bool:
@@ -184,15 +188,11 @@ def _create(path: Path, text: str, numbered: bool) -> Path | None:
     Returns:
         The file written, or ``None`` when ``path`` exists and ``numbered`` is false.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    candidate, n = path, 0
-    while True:
-        try:
-            with candidate.open("x") as file:
-                file.write(text)
-            return candidate
-        except FileExistsError:
-            if not numbered:
-                return None
-            n += 1
-            candidate = path.with_name(f"{path.stem}_{n}{path.suffix}")
+    if numbered:
+        return write_new_file(path, text, what="the run's config")
+    try:
+        with atomic_output(path, "w", replace=False, what="the run's config") as file:
+            file.write(text)
+    except FileExistsError:
+        return None
+    return path
