@@ -63,7 +63,7 @@ from ripieno.framework.checkpoint_io import AtomicCheckpointIO
 from ripieno.framework.config_errors import ConfigError, explain_config_error
 from ripieno.framework.error_lines import one_line_error
 from ripieno.framework.errors import NonFiniteTrainingError, RipienoInputError
-from ripieno.framework.monitor_check import check_monitors
+from ripieno.framework.monitor_check import FirstValidationCheck, check_monitors
 from ripieno.framework.output_files import check_writable
 from ripieno.framework.recipes import RecipeNotFoundError, find_recipe, list_recipes
 from ripieno.framework.resume_check import CLASS_KEY, hparam_differences, section_hparams
@@ -320,6 +320,7 @@ class RipienoCLI(LightningCLI):
                 self._stop_on_differences(hparams)
         if self.subcommand == "fit":
             check_monitors(self.model, self.trainer.callbacks)
+            self.trainer.callbacks.append(FirstValidationCheck())
 
     def before_fit(self) -> None:
         """Add a TensorBoard logger writing into the CSV logger's folder, when installed.
