@@ -20,6 +20,7 @@ logs it on global rank 0 only; loggers and files are rank 0's.
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import lightning as L
@@ -31,6 +32,7 @@ from torchmetrics.classification import MulticlassCalibrationError
 from torchmetrics.utilities import dim_zero_cat
 
 from ripieno.framework.metrics.reliability import reliability_figure
+from ripieno.framework.output_files import write_new_file
 
 
 def figure_rgb(figure: Figure) -> np.ndarray:
@@ -41,10 +43,10 @@ def figure_rgb(figure: Figure) -> np.ndarray:
 
 
 def _png(figure: Figure, folder: str | Path, name: str) -> Path:
-    path = Path(folder) / f"{name}.png"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, format="png")
-    return path
+    """Write ``<folder>/<name>.png``, or ``<name>_1.png``, ... when a run before wrote that name."""
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png")
+    return write_new_file(Path(folder) / f"{name}.png", buffer.getvalue(), what="the figure")
 
 
 def _log_to(logger: Logger, trainer: L.Trainer, figure: Figure, tag: str, name: str) -> str | Path:

@@ -12,7 +12,7 @@ Sources, all offline:
 
 * ``spoken_digits``: the words zero .. nine synthesised with ``espeak-ng`` (Debian
   package) in several voices, speeds and pitches at setup, cached as wav files under
-  ``cache_dir`` (default ``~/.cache/ripieno/spoken_digits``), one folder per espeak-ng
+  ``cache_dir`` (default ``spoken_digits`` in ripieno's cache, ``RIPIENO_CACHE``), one folder per espeak-ng
   version; the ``words``, ``voices``, ``speeds`` and ``pitches`` arguments choose them.
 * ``asterisk_digits``: the real recordings of one speaker (8 kHz) in the Debian package
   ``asterisk-core-sounds-en-wav`` under ``/usr/share/asterisk/sounds/en``: ``digits/0`` ..
@@ -61,6 +61,7 @@ from ripieno.datamodules.vision_backbone import (
     resolve_model_dir,
 )
 from ripieno.framework.model_folder import json_object
+from ripieno.framework.output_files import cache_dir as ripieno_cache_dir
 
 DIGIT_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 DEFAULT_VOICES = ("en-us+m1", "en-us+m3", "en-us+m5", "en-us+m7", "en-us+f1", "en-us+f2", "en-us+f3",
@@ -440,7 +441,7 @@ class AudioDataModule(SplitDataModule):
             folder path; its clips are labelled by class name, those of unknown classes
             dropped.
         cache_dir: where ``spoken_digits`` keeps its wav files (default
-            ``~/.cache/ripieno/spoken_digits``).
+            ``spoken_digits`` in ripieno's cache folder, ``RIPIENO_CACHE``).
         words: words of ``spoken_digits`` (default zero .. nine); the class names.
         voices: espeak-ng voices of ``spoken_digits`` (default 8 en-us variants).
         speeds: espeak-ng speeds in words per minute (default 120, 150, 180).
@@ -553,8 +554,7 @@ class AudioDataModule(SplitDataModule):
         hp = self.hparams
         if name == "spoken_digits":
             words = list(dict.fromkeys(hp.words or DIGIT_WORDS))
-            cache = hp.cache_dir or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / \
-                "ripieno" / "spoken_digits"
+            cache = hp.cache_dir or ripieno_cache_dir("spoken_digits")
             clips = synthesize_words(cache, words, hp.voices or DEFAULT_VOICES, hp.speeds or DEFAULT_SPEEDS,
                                      hp.pitches or DEFAULT_PITCHES)
             return clips, words

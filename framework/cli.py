@@ -64,7 +64,7 @@ from ripieno.framework.config_errors import ConfigError, explain_config_error
 from ripieno.framework.error_lines import one_line_error
 from ripieno.framework.errors import NonFiniteTrainingError, RipienoInputError
 from ripieno.framework.monitor_check import FirstValidationCheck, check_monitors
-from ripieno.framework.output_files import check_writable
+from ripieno.framework.output_files import OutputWriteError, check_writable, write_new_file
 from ripieno.framework.recipes import RecipeNotFoundError, find_recipe, list_recipes
 from ripieno.framework.resume_check import CLASS_KEY, hparam_differences, section_hparams
 from ripieno.framework.run_folders import (
@@ -233,10 +233,13 @@ class RipienoCLI(LightningCLI):
         except (SystemExit, Exception):  # noqa: BLE001 - a hint we cannot build is left out, not fatal
             return None, ""
         root = Path(self.config[subcommand].get("trainer", {}).get("default_root_dir") or ".")
-        digest = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:8]
+        digest = hashlib.sha256(f"{path.resolve()}\0{text}".encode()).hexdigest()[:8]
         target = root / "checkpoint_configs" / f"{path.stem}-{digest}.yaml"
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(text)
+        if not (target.is_file() and target.read_text() == text):  # the same config is written once
+            try:
+                target = write_new_file(target, text, what="the checkpoint's config")
+            except OutputWriteError:
+                return None, ""
         return target, "rebuilt from the checkpoint's hyperparameters"
 
     def before_instantiate_classes(self) -> None:

@@ -16,6 +16,8 @@ from matplotlib.figure import Figure
 from torch import Tensor
 from torchmetrics.functional.classification import multiclass_calibration_error
 
+from ripieno.framework.output_files import atomic_output
+
 
 def reliability_diagram(
     probs: Tensor,
@@ -85,8 +87,8 @@ def reliability_diagram_from_confidences(
     """
     fig = reliability_figure(confidence, correct, n_bins, title, ece)
     out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, format="png")
+    with atomic_output(out, "wb", what="the reliability diagram") as file:
+        fig.savefig(file, format="png")
     return out
 
 
