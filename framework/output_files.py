@@ -92,7 +92,7 @@ def os_error_message(error: OSError, path: str | os.PathLike[str] | None = None,
         ...                  "the checkpoint")  # doctest: +ELLIPSIS
         'runs/last.ckpt: cannot write the checkpoint: no space left on the device...'
     """
-    where = path if path is not None else (error.filename or "?")
+    where = path if path is not None else error.filename
     code = error.errno
     if code in _NO_SPACE:
         problem = "no space left on the device (disk full or quota reached)"
@@ -110,6 +110,8 @@ def os_error_message(error: OSError, path: str | os.PathLike[str] | None = None,
     else:
         problem = (error.strerror or type(error).__name__).rstrip(".").lower()
         fix = "check the folder and the disk, or choose another folder (--trainer.default_root_dir)"
+    if where is None:  # e.g. a write to an open file: the OS names no file
+        return f"a file could not be written: {problem}; {fix.rstrip('.')}."
     return file_problem(where, f"cannot {verb} {what}: {problem}", fix)
 
 
