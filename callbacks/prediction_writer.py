@@ -6,6 +6,7 @@ axis 0 (ripieno's modules return ``prediction`` and ``member_predictions (B, K, 
 
 from __future__ import annotations
 
+import io
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,8 @@ import pandas as pd
 import torch
 from lightning.pytorch.callbacks import BasePredictionWriter
 from typing_extensions import override
+
+from ripieno.framework.output_files import write_new_file
 
 
 class MemberPredictionWriter(BasePredictionWriter):
@@ -27,6 +30,10 @@ class MemberPredictionWriter(BasePredictionWriter):
     the member spread; for other modules, the ensemble ``prediction`` (one column per class
     for probabilities) after the dataset ``index``. Under DDP each rank writes ``predictions_rank{r}.*``
     with the dataset indices it predicted, so nothing is lost or duplicated silently.
+
+    Nothing is written over: when ``predictions.pt`` or ``.csv`` exists in the folder (an
+    earlier ``predict``), the files are ``predictions_1.*`` (then ``_2``, ...), written
+    atomically; the run prints where they went and ``written`` lists them.
 
     Args:
         output_dir: folder for the files; default: the trainer's log dir (or root dir).
@@ -56,10 +63,10 @@ class MemberPredictionWriter(BasePredictionWriter):
         if indices:
             merged["index"] = torch.as_tensor([i for batch in indices for i in batch])
         folder = Path(self.output_dir or trainer.log_dir or trainer.default_root_dir)
-        folder.mkdir(parents=True, exist_ok=True)
         stem = "predictions" if trainer.world_size == 1 else f"predictions_rank{trainer.global_rank}"
-        torch.save(merged, folder / f"{stem}.pt")
-        self.written = [folder / f"{stem}.pt"]
+        buffer = io.BytesIO()
+        torch.save(merged, buffer)
+        outputs: dict[str, bytes | str] = {".pt": buffer.getvalue()}
         frame = self._named_table(trainer, pl_module, merged)
         if frame is None and self.csv_key is not None and self.csv_key in merged:
             values = merged[self.csv_key].float()
@@ -70,8 +77,8 @@ class MemberPredictionWriter(BasePredictionWriter):
             if "index" in merged:
                 frame.insert(0, "index", merged["index"].numpy())
         if frame is not None:
-            frame.to_csv(folder / f"{stem}.csv", index=False)
-            self.written.append(folder / f"{stem}.csv")
+            outputs[".csv"] = frame.to_csv(index=False, lineterminator="\n")
+        self.written = _write_new_files(folder, stem, outputs)
         print(f"ripieno: predictions written to {', '.join(map(str, self.written))}", flush=True)
 
     def _named_table(self, trainer: L.Trainer, pl_module: L.LightningModule,
@@ -90,3 +97,18 @@ class MemberPredictionWriter(BasePredictionWriter):
             table.insert(0, name, ids)
             table = table.iloc[sorted(range(len(indices)), key=indices.__getitem__)].reset_index(drop=True)
         return table
+
+
+def _write_new_files(folder: Path, stem: str, outputs: dict[str, bytes | str]) -> list[Path]:
+    """Write ``stem<suffix>`` for each output under the first ``stem``, ``stem_1``, ... free for all.
+
+    Each file is written atomically and never over an existing one (``write_new_file``), so a
+    second ``predict`` into the same folder keeps the first one's files and writes
+    ``predictions_1.pt`` / ``predictions_1.csv`` beside them.
+    """
+    for n in range(100_000):
+        name = stem if n == 0 else f"{stem}_{n}"
+        if not any((folder / f"{name}{suffix}").exists() for suffix in outputs):
+            break
+    return [write_new_file(folder / f"{name}{suffix}", data, what="the predictions")
+            for suffix, data in outputs.items()]

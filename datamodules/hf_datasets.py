@@ -14,6 +14,8 @@ asked to (and says so).
 
 from __future__ import annotations
 
+import glob
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -21,6 +23,7 @@ from typing import Any, Literal
 from lightning.pytorch.utilities import rank_zero_info
 
 from ripieno.datamodules.base import DataModuleError
+from ripieno.datamodules.table_header import check_unique_columns, header_names
 
 BUILDERS: tuple[str, ...] = ("csv", "json", "parquet", "imagefolder", "audiofolder")
 SPLIT_ALIASES: dict[str, str] = {"train": "train", "validation": "val", "valid": "val", "val": "val",
@@ -73,6 +76,8 @@ def load_hf_splits(source: str | Path, data_files: str | Sequence[str] | Mapping
         if data_files is None:
             raise error(f"builder {builder!r} needs data_files: a path, a list of paths or {{split: paths}}.")
         _check_files_exist(data_files, error)
+        if builder in ("csv", "parquet"):
+            _check_headers(data_files, builder, error)
         kwargs: dict[str, Any] = {}
         if builder == "audiofolder":
             kwargs["features"] = _audiofolder_features(datasets, _plain(data_files), error)
@@ -124,13 +129,37 @@ def _plain(data_files: Any) -> Any:  # noqa: ANN401
     return str(data_files)
 
 
-def _check_files_exist(data_files: Any, error: type[Exception]) -> None:  # noqa: ANN401
+def _named_files(data_files: Any) -> list[str]:  # noqa: ANN401
+    """Every path or glob pattern in ``data_files`` (a path, a list, or ``{split: paths}``)."""
     files: list[str] = []
     if isinstance(data_files, Mapping):
         for value in data_files.values():
-            files.extend([value] if isinstance(value, str) else list(value))
+            files.extend([value] if isinstance(value, (str, Path)) else list(value))
     else:
         files.extend([data_files] if isinstance(data_files, (str, Path)) else list(data_files))
+    return [str(f) for f in files]
+
+
+def _check_headers(data_files: Any, builder: str, error: type[Exception]) -> None:  # noqa: ANN401
+    """Refuse a CSV or Parquet data file whose header repeats a column name (``table_header``).
+
+    ``datasets``' csv builder reads with pandas, which renames a repeat (``a`` -> ``a.1``).
+    """
+    for pattern in _named_files(data_files):
+        expanded = os.path.expanduser(pattern)
+        is_glob = any(ch in pattern for ch in "*?[")
+        for file in sorted(glob.glob(expanded, recursive=True)) if is_glob else [expanded]:
+            if not Path(file).is_file():
+                continue
+            try:  # the csv builder splits on commas whatever the suffix
+                names = header_names(Path(file), "parquet" if builder == "parquet" else "csv")
+            except (OSError, ValueError, EOFError):
+                continue  # unreadable: datasets' own error names it
+            check_unique_columns(file, names, error)
+
+
+def _check_files_exist(data_files: Any, error: type[Exception]) -> None:  # noqa: ANN401
+    files = _named_files(data_files)
     literal = [f for f in files if not any(ch in str(f) for ch in "*?[")]  # globs are load_dataset's
     missing = [f for f in literal if not Path(f).expanduser().exists()]
     if missing:

@@ -28,6 +28,7 @@ from ripieno.datamodules.base import (  # noqa: F401
 )
 from ripieno.datamodules.hf_datasets import SplitPolicy, is_saved_dataset, load_hf_splits, resolve_splits
 from ripieno.datamodules.splits import check_split_args, split_rows
+from ripieno.datamodules.table_header import check_unique_columns, header_names
 from ripieno.datamodules.tabular_sources import SOURCES
 from ripieno.framework.checkpoint_file import read_checkpoint
 from ripieno.framework.errors import file_problem, first_line
@@ -395,7 +396,9 @@ def read_table(path: str | Path, arg: str, encoding: str = "utf-8",
     CSV and TSV files may be compressed (``COMPRESSIONS``). Every problem is raised as ``error``
     with a message (``file_problem``) naming the file, what is wrong and the fix: a missing
     file, a folder, an unsupported suffix, an empty file, a header without rows, text that is
-    not ``encoding``, a malformed CSV row or a corrupt Parquet file.
+    not ``encoding``, a malformed CSV row, a corrupt Parquet file, or a header that repeats a
+    column name (read from the raw header, ``datamodules.table_header``: pandas would rename
+    the repeat to ``name.1`` and the first copy would be used silently).
 
     Args:
         path: the file.
@@ -417,8 +420,11 @@ def read_table(path: str | Path, arg: str, encoding: str = "utf-8",
     if file.stat().st_size == 0:
         raise error(file_problem(file, "is empty (0 bytes)",
                                  f"write the table into it again, or {elsewhere}"))
-    frame = _read_parquet(file, arg, error) if kind == "parquet" else _read_text_table(
-        file, arg, encoding, "\t" if kind == "tsv" else ",", error)
+    if kind == "parquet":
+        frame = _read_parquet(file, arg, error)
+    else:
+        frame = _read_text_table(file, arg, encoding, "\t" if kind == "tsv" else ",", error)
+        check_unique_columns(file, header_names(file, kind, encoding), error)
     if len(frame) == 0:
         raise error(file_problem(file, "has a header but no rows" if len(frame.columns) else "has no rows",
                                  f"add rows to it, or {elsewhere}"))
@@ -434,13 +440,23 @@ def _table_format(file: Path) -> str | None:
 
 
 def _read_parquet(file: Path, arg: str, error: type[DataModuleError]) -> pd.DataFrame:
+    """The Parquet file's table; its schema is checked first (a repeated column name is refused)."""
+    try:
+        names = header_names(file, "parquet")
+    except (OSError, ValueError) as err:  # pyarrow's ArrowInvalid is a ValueError
+        raise _unreadable_parquet(file, arg, err, error) from err
+    check_unique_columns(file, names, error)
     try:
         return pd.read_parquet(file)
-    except (OSError, ValueError) as err:  # pyarrow's ArrowInvalid is a ValueError
-        reason = first_line(err).split("': ", 1)[-1]  # pyarrow repeats the path before the reason
-        raise error(file_problem(
-            file, f"is not a readable Parquet file ({reason})",
-            f"write it again (e.g. DataFrame.to_parquet), or point {arg} at another file")) from err
+    except (OSError, ValueError) as err:
+        raise _unreadable_parquet(file, arg, err, error) from err
+
+
+def _unreadable_parquet(file: Path, arg: str, err: Exception,
+                        error: type[DataModuleError]) -> DataModuleError:
+    reason = first_line(err).split("': ", 1)[-1]  # pyarrow repeats the path before the reason
+    return error(file_problem(file, f"is not a readable Parquet file ({reason})",
+                              f"write it again (e.g. DataFrame.to_parquet), or point {arg} at another file"))
 
 
 def _read_text_table(file: Path, arg: str, encoding: str, sep: str, error: type[DataModuleError]

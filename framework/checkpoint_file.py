@@ -36,7 +36,17 @@ import torch
 
 from ripieno.framework.errors import RipienoInputError, file_problem, first_line
 
-_GLOBAL = re.compile(r"Unsupported global: GLOBAL (\S+)")
+_GLOBAL = re.compile(r"(?:Unsupported global: GLOBAL|unsupported GLOBAL) (\S+)")
+"""A ``weights_only`` refusal of a global, in torch's older (``Unsupported global: GLOBAL os.system``)
+and newer (``Trying to load unsupported GLOBAL posix.system whose module posix is blocked``) words."""
+CODE_RUNNING_MODULES = frozenset({
+    "os", "posix", "nt", "sys", "subprocess", "_posixsubprocess", "shutil", "socket", "runpy", "importlib",
+    "pty", "code", "ctypes", "webbrowser", "marshal", "pickle", "_pickle", "multiprocessing", "operator",
+})
+CODE_RUNNING_BUILTINS = frozenset({
+    "eval", "exec", "compile", "__import__", "getattr", "setattr", "delattr", "open", "breakpoint", "input",
+})
+"""Modules (and builtins) whose globals in a pickle mean loading the file would run commands or code."""
 OTHER_CHECKPOINT = "give {option} another checkpoint of that run (last.ckpt or a best-*.ckpt), or train again"
 
 
@@ -80,11 +90,8 @@ def read_checkpoint(path: str | PathLike[str], option: str = "--ckpt_path") -> d
         if refused is None:  # a garbled pickle: torch reports its bytes as unsupported operands
             raise CheckpointFileError(file_problem(file, _damaged(error),
                                                    OTHER_CHECKPOINT.format(option=option))) from None
-        raise CheckpointFileError(file_problem(
-            file, f"holds Python objects that safe loading (weights_only=True) refuses ({refused.group(1)})",
-            "save checkpoints with plain tensors, numbers, strings, lists and dicts (ripieno's own modules"
-            " do); load this one by hand with weights_only=False only if you trust where it came from"))\
-            from None
+        blocked = "is blocked" in str(error)  # torch's own list of modules that run commands
+        raise CheckpointFileError(_refused_global(file, refused.group(1), option, blocked)) from None
     except (RuntimeError, OSError, EOFError, ValueError) as error:
         raise CheckpointFileError(file_problem(file, _damaged(error),
                                                OTHER_CHECKPOINT.format(option=option))) from None
@@ -94,6 +101,33 @@ def read_checkpoint(path: str | PathLike[str], option: str = "--ckpt_path") -> d
             f"give {option} a file saved by a Lightning Trainer (ModelCheckpoint or"
             " trainer.save_checkpoint)"))
     return checkpoint
+
+
+def _refused_global(file: Path, name: str, option: str, blocked: bool = False) -> str:
+    """The message for a pickle that names ``name`` (``module.attr``), which safe loading refused.
+
+    ``blocked``: torch refused the global's whole module (its list of modules that run commands).
+
+    A global of a module that runs commands or code (``posix.system``, ``builtins.eval``) is what
+    a malicious file holds: loading it would run that code, so the message says so and offers
+    no way to load it. Any other global (a class of the user's) is refused as unsafe to load
+    unless the file is trusted.
+    """
+    module, _, attribute = name.rpartition(".")
+    top = module.split(".", 1)[0]
+    builtin = top in ("builtins", "__builtin__", "") and attribute in CODE_RUNNING_BUILTINS
+    if blocked or builtin or top in CODE_RUNNING_MODULES:
+        return file_problem(
+            file, f"is unsafe: its pickle would call {name}, which runs code or commands on this machine"
+            " when loaded (safe loading, weights_only=True, refused it before anything ran; ripieno and"
+            " Lightning never write this)",
+            f"do not load it; delete it unless you know who made it and why, and give {option} a"
+            " checkpoint from a run you trust")
+    return file_problem(
+        file, f"holds Python objects that safe loading (weights_only=True) refuses ({name}): loading"
+        " them would import and run code the file names",
+        "save checkpoints with plain tensors, numbers, strings, lists and dicts (ripieno's own modules"
+        " do); load this one by hand with weights_only=False only if you trust where it came from")
 
 
 def _damaged(error: BaseException) -> str:

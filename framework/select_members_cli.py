@@ -6,20 +6,43 @@ datamodule from the config (a shipped recipe name or the run's saved ``config.ya
 members on the validation split (``TabularEnsembleModule.select_members``), validates the
 full and the selected ensemble side by side and writes the selected one as a checkpoint
 that ``ripieno predict`` / ``test`` / ``load_from_checkpoint`` read like any other.
+
+The checkpoint is written atomically (a temporary file in the same folder, renamed into
+place) and never over a file by surprise, and every refusal comes before the data is read:
+
+* ``--out`` naming the input checkpoint (or a ``-c`` config) is always refused;
+* an existing ``--out`` is refused unless ``--overwrite`` is given, which replaces only a
+  checkpoint file (a ``torch.save`` archive), never a table or a config;
+* the default name, ``<ckpt>-<method><k>.ckpt`` beside the input, is never replaced: when it
+  is taken (an earlier selection), the next free ``<ckpt>-<method><k>_1.ckpt``, ``_2``, ... is
+  written and printed, as ``predict`` does with its tables.
 """
 
 from __future__ import annotations
 
 import argparse
+import inspect
+import io
+import os
+import zipfile
 from pathlib import Path
+from typing import Any
 
 import lightning as L
+import torch
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from ripieno.framework.checkpoint_file import CheckpointFileError, read_checkpoint
+from ripieno.framework.cli import CONFIG_FLAGS, RipienoCLI, quiet_cli_notices, resolve_config_args
+from ripieno.framework.error_lines import one_line_error
+from ripieno.framework.errors import file_problem
 from ripieno.framework.methods.member_selection import METHODS, METRICS
+from ripieno.framework.output_files import atomic_output, write_new_file
+from ripieno.framework.recipes import RecipeNotFoundError
 
 USAGE = ("ripieno select_members -c CONFIG --ckpt_path CKPT --k K [--method greedy|topk]"
-         " [--metric loss|error] [--out FILE] [config overrides ...]")
+         " [--metric loss|error] [--out FILE [--overwrite]] [config overrides ...]")
+PREFIX = "ripieno select_members: "
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -32,8 +55,107 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--metric", choices=METRICS, default="loss",
                         help="loss: NLL (classification) or MSE (regression); error: error rate")
     parser.add_argument("--out", default=None,
-                        help="output checkpoint (default: <ckpt>-<method><k>.ckpt beside the input)")
+                        help="output checkpoint (default: <ckpt>-<method><k>.ckpt beside the input, or its"
+                             " first free <name>_N.ckpt when taken); never the input checkpoint")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="let --out replace an existing checkpoint file (atomically)")
     return parser
+
+
+class _SelectMembersCLI(RipienoCLI):
+    """``RipienoCLI`` without subcommands that also reads a run's saved ``config.yaml``.
+
+    A run saves the config of its subcommand, with that subcommand's own keys
+    (``ckpt_path``, ``weights_only``, ``verbose``...); this parser accepts them and ignores
+    them (the checkpoint is ``select_members``' own ``--ckpt_path``).
+    """
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        """RipienoCLI's arguments, plus every subcommand's own keys, accepted and unused."""
+        super().add_arguments_to_parser(parser)
+        known = {name for action in parser._actions for name in action.option_strings}
+        for key in _subcommand_keys():
+            if f"--{key}" not in known:
+                parser.add_argument(f"--{key}", type=Any, default=None,
+                                    help=f"read from a run's config and not used by select_members ({key})")
+
+
+def _subcommand_keys() -> list[str]:
+    """The Trainer-method keys a subcommand's saved config holds (``ckpt_path``, ``verbose``...)."""
+    keys: list[str] = []
+    for subcommand, skip in LightningCLI.subcommands().items():
+        for name in inspect.signature(getattr(L.Trainer, subcommand)).parameters:
+            if name != "self" and name not in skip and name not in keys:
+                keys.append(name)
+    return keys
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """Whether ``a`` and ``b`` name one file (the same resolved path, or the same inode)."""
+    try:
+        return a.resolve() == b.resolve() or (a.exists() and b.exists() and os.path.samefile(a, b))
+    except (OSError, RuntimeError):  # RuntimeError: a symlink loop
+        return False
+
+
+def _config_files(args: list[str]) -> list[Path]:
+    """The files given with ``-c`` / ``--config`` in ``args`` (already resolved)."""
+    files = [args[i + 1] for i, arg in enumerate(args[:-1]) if arg in CONFIG_FLAGS]
+    files += [arg.split("=", 1)[1] for arg in args if arg.startswith("--config=")]
+    return [Path(f) for f in files]
+
+
+def _output(options: argparse.Namespace, ckpt: Path, configs: list[Path]) -> tuple[Path, bool]:
+    """The checkpoint to write and whether it is the default name; refusals as ``SystemExit``.
+
+    Raises:
+        SystemExit: one line naming the file and the fix, before any work is done.
+    """
+    default = ckpt.with_name(f"{ckpt.stem}-{options.method}{options.k}.ckpt")
+    if options.out is None:
+        if options.overwrite:
+            raise SystemExit(PREFIX + "--overwrite lets --out replace a file; give --out too (the default"
+                             f" name {default} is never replaced: when taken, the next free"
+                             f" {default.stem}_1.ckpt, ... is written).")
+        return default, True
+    out = Path(options.out).expanduser()
+    inputs = [(ckpt, "the checkpoint to select from (--ckpt_path)")]
+    inputs += [(config, "the config given with -c") for config in configs]
+    for given, what in inputs:
+        if _same_file(out, given):
+            raise SystemExit(PREFIX + file_problem(
+                out, f"is {what}: --out never writes over an input (even with --overwrite)",
+                "give --out a new file, or leave out --out to write beside the checkpoint under a free name"))
+    if out.is_dir():
+        raise SystemExit(PREFIX + file_problem(out, "is a folder", f"give --out a file in it, e.g. --out"
+                                               f" {out / default.name}"))
+    if out.exists() and not options.overwrite:
+        raise SystemExit(PREFIX + file_problem(
+            out, "exists already and --out does not replace files unless told",
+            "give --out a new file (or leave out --out to write beside the checkpoint under a free name),"
+            " or add --overwrite to replace it"))
+    if out.exists() and not zipfile.is_zipfile(out):
+        raise SystemExit(PREFIX + file_problem(
+            out, "exists and is not a checkpoint (not a torch.save archive): --overwrite replaces only"
+            " checkpoint files", "give --out a new file or an existing .ckpt to replace"))
+    return out, False
+
+
+def _save(trainer: L.Trainer, path: Path, default_name: bool, replace: bool) -> Path:
+    """Write the trainer's checkpoint atomically; the default name is never replaced (module docstring)."""
+    checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
+    if default_name:
+        buffer = io.BytesIO()
+        torch.save(checkpoint, buffer)
+        return write_new_file(path, buffer.getvalue(), what="the checkpoint")
+    try:
+        with atomic_output(path, "wb", replace=replace, what="the checkpoint") as file:
+            torch.save(checkpoint, file)
+    except FileExistsError:  # written by another process since the check
+        raise SystemExit(PREFIX + file_problem(
+            path, "was created by another process while the members were selected",
+            "give --out a new file, or add --overwrite to replace it")) from None
+    return path
 
 
 def select_members_main(args: list[str]) -> Path:
@@ -42,24 +164,39 @@ def select_members_main(args: list[str]) -> Path:
     Args:
         args: the command line after ``select_members`` (``-c`` and overrides go to the
             config parser, the rest is this command's own options).
-    """
-    from ripieno.framework.cli import RipienoCLI, quiet_cli_notices, resolve_config_args
 
+    Raises:
+        SystemExit: bad input (a missing config or checkpoint, an ``--out`` that would replace
+            a file, a config error), as one line naming it and the fix.
+    """
     options, rest = _parser().parse_known_args(args)
-    if not any(a in ("-c", "--config") or a.startswith("--config=") for a in rest):
-        raise SystemExit("ripieno select_members: give the run's config with -c (a recipe name or the"
-                         " config.yaml saved beside its logs), so the validation split can be rebuilt.")
+    if not any(a in CONFIG_FLAGS or a.startswith("--config=") for a in rest):
+        raise SystemExit(PREFIX + "give the run's config with -c (a recipe name or the config.yaml saved"
+                         " beside its logs), so the validation split can be rebuilt.")
     ckpt = Path(options.ckpt_path).expanduser()
     try:
         read_checkpoint(ckpt)
-    except CheckpointFileError as error:
-        raise SystemExit(f"ripieno select_members: {error}") from None
-    with quiet_cli_notices():
-        cli = RipienoCLI(args=resolve_config_args(rest), run=False, save_config_callback=None)
+        rest = resolve_config_args(rest)
+    except (CheckpointFileError, RecipeNotFoundError) as error:
+        raise SystemExit(f"{PREFIX}{error}") from None
+    out, default_name = _output(options, ckpt, _config_files(rest))
+    try:
+        return _select(options, rest, ckpt, out, default_name)
+    except Exception as error:
+        line = one_line_error(error)
+        if line is None:
+            raise
+        raise SystemExit(f"{PREFIX}{line}") from None
+
+
+def _select(options: argparse.Namespace, rest: list[str], ckpt: Path, out: Path, default_name: bool) -> Path:
+    """Build the run's datamodule, select, validate both ensembles, save and print the checkpoint."""
+    with quiet_cli_notices():  # no logger: nothing is written into the run's log folders
+        cli = _SelectMembersCLI(args=[*rest, "--trainer.logger=false"], run=False, save_config_callback=None)
     model_cls = type(cli.model)
     if not hasattr(model_cls, "select_members"):
-        raise SystemExit(f"ripieno select_members: {model_cls.__name__} has no select_members; it works"
-                         " with TabularEnsembleModule.")
+        raise SystemExit(f"{PREFIX}{model_cls.__name__} has no select_members; it works with"
+                         " TabularEnsembleModule.")
     model = model_cls.load_from_checkpoint(ckpt, weights_only=True, map_location="cpu")
     selected = model.select_members(options.k, metric=options.metric, method=options.method,
                                     datamodule=cli.datamodule)
@@ -67,10 +204,7 @@ def select_members_main(args: list[str]) -> Path:
                         enable_model_summary=False, accelerator="cpu", default_root_dir=ckpt.parent)
     full = trainer.validate(model, datamodule=cli.datamodule, verbose=False)[0]
     small = trainer.validate(selected, datamodule=cli.datamodule, verbose=False)[0]
-    default_out = ckpt.with_name(f"{ckpt.stem}-{options.method}{options.k}.ckpt")
-    out = Path(options.out) if options.out else default_out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    trainer.save_checkpoint(out)
+    out = _save(trainer, out, default_name, replace=options.overwrite)
     choice = selected.member_selection
     lines = [f"ripieno: {options.method} selection of {options.k} of {model.hparams.k} members"
              f" (validation {options.metric}: {choice.score:.6g}, all members: {choice.score_all:.6g})",
