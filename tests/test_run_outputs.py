@@ -69,7 +69,8 @@ def test_a_kill_while_saving_leaves_the_previous_last_checkpoint_and_no_partial_
                 os.kill(os.getpid(), signal.SIGKILL)
             return real_save(obj, f, *args, **kwargs)
         torch.save = save
-        main(["fit", "-c", "tabular/lometab_churn", "--trainer.max_epochs=3", "--trainer.default_root_dir=run",
+        main(["fit", "-c", "tabular/lometab_churn", "--trainer.max_epochs=3",
+              "--trainer.default_root_dir=run",
               *{SMALL!r}])
     """)
     assert result.returncode == -signal.SIGKILL or result.returncode == 128 + signal.SIGKILL, result.stderr
@@ -88,7 +89,8 @@ def test_a_full_disk_keeps_the_previous_checkpoints_and_ends_in_one_line(tmp_pat
     """Room for two checkpoints: the third save fails, its temporary file goes, the two stay whole."""
     result = _in_tmpfs(tmp_path / "run", "3m", f"""
         from ripieno.framework.cli import main
-        main(["fit", "-c", "tabular/lometab_churn", "--trainer.max_epochs=4", "--trainer.default_root_dir=run",
+        main(["fit", "-c", "tabular/lometab_churn", "--trainer.max_epochs=4",
+              "--trainer.default_root_dir=run",
               *{SMALL!r}])
     """)
     assert result.returncode == 1
@@ -106,7 +108,8 @@ def test_ddp_spawn_with_test_after_fit_keeps_every_row_and_one_events_file(tmp_p
     """The fit's rows, then the test's row after the fit's last step, as in a one-process run."""
     monkeypatch.chdir(tmp_path)
     main(["fit", "-c", "tabular/lometab_churn", "--trainer.max_epochs=2", "--trainer.devices=2",
-          "--trainer.strategy=ddp_spawn", "--trainer.accelerator=cpu", "--trainer.default_root_dir=run", *SMALL])
+          "--trainer.strategy=ddp_spawn", "--trainer.accelerator=cpu", "--trainer.default_root_dir=run",
+          *SMALL])
     out = capsys.readouterr().out
     run = tmp_path / "run" / RUN
     rows = list(csv.DictReader((run / "metrics.csv").open()))
@@ -199,23 +202,24 @@ def test_max_steps_before_the_first_validation_stops_before_training(tmp_path, m
 
 def test_out_of_memory_while_building_the_model_is_one_line(tmp_path):
     limit = 6 * 2**30  # the 65536-wide blocks ask for 16 GiB at once
-    code = ("import resource; resource.setrlimit(resource.RLIMIT_AS, (%d, %d));"
+    code = (f"import resource; resource.setrlimit(resource.RLIMIT_AS, ({limit}, {limit}));"
             " from ripieno.framework.cli import main;"
-            " main(['fit', '-c', 'tabular/lometab_churn', '--model.init_args.d_block=65536'])") % (limit, limit)
+            " main(['fit', '-c', 'tabular/lometab_churn', '--model.init_args.d_block=65536'])")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
                             timeout=300)
     assert result.returncode == 1 and "Traceback" not in result.stderr
     line = result.stderr.strip().splitlines()[-1]
-    assert line.startswith("ripieno: error: out of memory while building ripieno.framework.TabularEnsembleModule"
-                           " (16.0 GiB asked for at once): ")
+    assert line.startswith("ripieno: error: out of memory while building"
+                           " ripieno.framework.TabularEnsembleModule (16.0 GiB asked for at once): ")
     assert "make the model or the batches smaller" in line
 
 
 def test_ctrl_c_names_the_last_checkpoint_and_the_command_that_resumes(tmp_path):
-    command = [sys.executable, "-m", "ripieno", "fit", "-c", "tabular/lometab_churn", "--trainer.max_epochs=500",
+    command = [sys.executable, "-m", "ripieno", "fit", "-c", "tabular/lometab_churn",
+               "--trainer.max_epochs=500",
                "--trainer.default_root_dir=run", *SMALL]
-    process = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    process = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     last = tmp_path / "run" / RUN / "checkpoints" / "last.ckpt"
     deadline = time.monotonic() + 240
     while not last.exists() and process.poll() is None and time.monotonic() < deadline:
@@ -228,9 +232,11 @@ def test_ctrl_c_names_the_last_checkpoint_and_the_command_that_resumes(tmp_path)
     assert lines[-2].startswith("ripieno: interrupted at epoch ") and lines[-2].endswith(
         f"Last checkpoint: run/{RUN}/checkpoints/last.ckpt")
     resume = lines[-1].removeprefix("ripieno: resume with: ripieno ").split()
-    assert resume == ["fit", "-c", f"run/{RUN}/config.yaml", "--ckpt_path", f"run/{RUN}/checkpoints/last.ckpt"]
+    assert resume == ["fit", "-c", f"run/{RUN}/config.yaml",
+                      "--ckpt_path", f"run/{RUN}/checkpoints/last.ckpt"]
     stopped_at = _epoch(last)
-    resumed = subprocess.run([sys.executable, "-m", "ripieno", *resume, "--trainer.max_epochs", str(stopped_at + 2),
+    resumed = subprocess.run([sys.executable, "-m", "ripieno", *resume,
+                              "--trainer.max_epochs", str(stopped_at + 2),
                               "--test_after_fit=false", "--trainer.enable_progress_bar=false"],
                              cwd=tmp_path, capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
