@@ -57,6 +57,7 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.plugins.io import CheckpointIO
 from lightning.pytorch.strategies import Strategy
 from lightning.pytorch.trainer.states import TrainerStatus
+from lightning.pytorch.utilities import rank_zero_info
 
 from ripieno.framework.checkpoint_file import read_checkpoint
 from ripieno.framework.checkpoint_io import AtomicCheckpointIO
@@ -64,6 +65,7 @@ from ripieno.framework.config_errors import ConfigError, explain_config_error
 from ripieno.framework.error_lines import one_line_error
 from ripieno.framework.errors import NonFiniteTrainingError, RipienoInputError
 from ripieno.framework.monitor_check import FirstValidationCheck, check_monitors
+from ripieno.framework.optimizer_config import Interval, attach_optimizer_config
 from ripieno.framework.output_files import OutputWriteError, check_writable, write_new_file
 from ripieno.framework.recipes import RecipeNotFoundError, find_recipe, list_recipes
 from ripieno.framework.resume_check import CLASS_KEY, hparam_differences, section_hparams
@@ -86,6 +88,9 @@ LINKED_MODEL_ARGS = ("data_spec",)
 LIGHTNING_CKPT_NAMES = ("best", "last", "hpc", "registry")
 """``ckpt_path`` values that Lightning resolves itself rather than naming a file."""
 GUARD_CLASS = "ripieno.callbacks.NonFiniteGuard"
+LR_MONITOR_CLASSES = ("lightning.pytorch.callbacks.LearningRateMonitor",
+                      "lightning.pytorch.callbacks.lr_monitor.LearningRateMonitor")
+"""Class paths of Lightning's ``LearningRateMonitor``, left out of runs without a logger."""
 ResumeHparams = Literal["config", "checkpoint"]
 
 
@@ -126,7 +131,7 @@ class RipienoCLI(LightningCLI):
             raise
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        """Link ``data.spec`` -> ``model.data_spec``; add ``--test_after_fit`` and ``--resume_hparams``."""
+        """Link ``data.spec`` -> ``model.data_spec``; add ripieno's options (``--test_after_fit`` ...)."""
         parser.link_arguments(
             "data.spec", "model.init_args.data_spec", apply_on="instantiate", compute_fn=_spec_as_dict
         )
@@ -143,6 +148,12 @@ class RipienoCLI(LightningCLI):
             help="With --ckpt_path: 'config' (default) builds the model the config describes and stops if"
                  " the checkpoint holds another; 'checkpoint' lets the checkpoint's hyperparameters replace"
                  " the config's, as plain LightningCLI does.",
+        )
+        parser.add_argument(
+            "--lr_scheduler_interval", type=Interval, default="auto",
+            help="How often the lr_scheduler steps: 'step' (every optimizer step), 'epoch', or 'auto'"
+                 " (default: 'step' for WarmupCosineLR, WarmupLinearLR, OneCycleLR and CyclicLR, else"
+                 " 'epoch').",
         )
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:  # noqa: ANN401
@@ -257,6 +268,7 @@ class RipienoCLI(LightningCLI):
         if trainer is None:
             return
         _add_non_finite_guard(trainer)
+        _drop_lr_monitor_without_logger(trainer)
         # Output folders first: a read-only folder or a file in the way stops the run in one line
         # before the data is prepared (LOES extraction can take minutes).
         self._claimed = claim_logger_versions(trainer)
@@ -309,6 +321,23 @@ class RipienoCLI(LightningCLI):
         config_arg = str(config) if config.is_file() else "<the same config and options>"
         return (f"ripieno: interrupted at {where}. Last checkpoint: {last}\n"
                 f"ripieno: resume with: ripieno {subcommand} -c {config_arg} --ckpt_path {last}")
+
+    def _add_configure_optimizers_method_to_model(self, subcommand: str | None) -> None:
+        """``--optimizer`` / ``--lr_scheduler`` over the module's own parameter groups (``optimizer_config``).
+
+        Unlike plain LightningCLI, ``--lr_scheduler`` alone schedules the module's own optimizer;
+        what cannot work stops here, before training. Optimizer arguments added under other keys
+        or linked elsewhere keep LightningCLI's handling.
+        """
+        parser = self._parser(subcommand)
+        registered = {key: link for key, (_, link) in {**parser._optimizers, **parser._lr_schedulers}.items()}
+        if registered != {"optimizer": "AUTOMATIC", "lr_scheduler": "AUTOMATIC"}:
+            super()._add_configure_optimizers_method_to_model(subcommand)
+            return
+        attach_optimizer_config(
+            self.model, self._get(self.config_init, "optimizer"), self._get(self.config_init, "lr_scheduler"),
+            interval=self._get(self.config_init, "lr_scheduler_interval", "auto"),
+            check=subcommand in (None, "fit"))
 
     def after_instantiate_classes(self) -> None:
         """Before anything runs: the checkpoint's whole model (data spec included), the monitors."""
@@ -457,6 +486,24 @@ def _add_non_finite_guard(trainer: Namespace) -> None:
     if any(isinstance(c, Namespace) and c.get("class_path") == GUARD_CLASS for c in callbacks):
         return
     trainer["callbacks"] = [*callbacks, Namespace(class_path=GUARD_CLASS, init_args=Namespace())]
+
+
+def _drop_lr_monitor_without_logger(trainer: Namespace) -> None:
+    """Leave a ``LearningRateMonitor`` out of a run without a logger (``--trainer.logger false``), and say so.
+
+    It only logs, and Lightning stops such a run; this way a recipe that logs its schedule
+    still runs when logging is turned off.
+    """
+    if trainer.get("logger") not in (False, []):
+        return
+    callbacks = trainer.get("callbacks") or []
+    callbacks = callbacks if isinstance(callbacks, list) else [callbacks]
+    kept = [c for c in callbacks
+            if not (isinstance(c, Namespace) and c.get("class_path") in LR_MONITOR_CLASSES)]
+    if len(kept) < len(callbacks):
+        rank_zero_info("ripieno: LearningRateMonitor left out: this run has no logger"
+                       " (trainer.logger false).")
+    trainer["callbacks"] = kept
 
 
 def _preprocessing_from_checkpoint(config: Namespace) -> None:
