@@ -16,6 +16,7 @@ import lightning as L
 import torch
 
 from ripieno.callbacks.posterior_predictive import PosteriorPredictiveCallback
+from ripieno.callbacks.sampler_settings import check_likelihood, setting_error
 from ripieno.callbacks.temperature_scaling import TemperatureScaling
 from ripieno.framework.checkpoint_file import read_checkpoint
 from ripieno.framework.uq.linearization import call_model
@@ -50,7 +51,11 @@ class DeepEnsembleSampler(PosteriorPredictiveCallback):
     ) -> None:
         super().__init__(input_key, target_key, ood_dataloader_idx, temperature=temperature)
         if len(checkpoints) < 2:
-            raise ValueError(f"A deep ensemble needs at least 2 checkpoints, got {len(checkpoints)}.")
+            raise setting_error(type(self).__name__, "checkpoints", checkpoints,
+                                f"a deep ensemble needs at least 2 checkpoints (its members), got"
+                                f" {len(checkpoints)}, as the predictive uncertainty is their spread",
+                                "train the module with 2 or more seeds and list every checkpoint")
+        check_likelihood(type(self).__name__, likelihood, noise_variance)
         missing = [c for c in checkpoints if not Path(c).is_file()]
         if missing:
             raise FileNotFoundError(f"Checkpoint(s) not found: {missing}; train the members first.")

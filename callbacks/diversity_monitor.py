@@ -110,8 +110,8 @@ class DiversityMonitor(Callback):
         self._metrics[stage].reset()
         if trainer.sanity_checking:
             return values
-        for name, value in values.items():
-            pl_module.log(name, torch.tensor(value), sync_dist=False)
+        for name, value in values.items():  # already reduced by torchmetrics: the mean over ranks keeps it
+            pl_module.log(name, torch.tensor(value), sync_dist=True)
         return values
 
     @override

@@ -27,6 +27,16 @@ from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
 from ripieno.callbacks.posterior_predictive import PosteriorPredictiveCallback, plain_copy
+from ripieno.callbacks.sampler_settings import (
+    check_choice,
+    check_count,
+    check_fraction,
+    check_grid,
+    check_likelihood,
+    check_n_samples,
+    check_positive,
+    setting_error,
+)
 from ripieno.callbacks.temperature_scaling import TemperatureScaling
 from ripieno.framework.metrics.uq import LogPointwisePredictiveDensity
 from ripieno.framework.uq.glm_sampler import GLMPosteriorSampler, last_layer_log_evidence
@@ -77,7 +87,7 @@ class LastLayerSampler(PosteriorPredictiveCallback):
             ``least_squares_logits`` (the LinearSampling reference sampler).
         last_layer_name: module name of the last linear layer (default: the last
             ``nn.Linear`` of the module).
-        n_samples: posterior samples S.
+        n_samples: posterior samples S (at least 2: the uncertainty is their spread).
         prior_precision: ``lambda``.
         noise_variance: Gaussian noise ``sigma^2`` for regression; ``None`` estimates it
             as the mean squared training residual at the trained weights (logged).
@@ -149,10 +159,12 @@ class LastLayerSampler(PosteriorPredictiveCallback):
         temperature: float | TemperatureScaling | Literal["callback"] | None = None,
     ) -> None:
         super().__init__(input_key, target_key, ood_dataloader_idx, varroc_prediction, temperature)
-        if glm not in ("last_layer", "full"):
-            raise ValueError(f"glm must be 'last_layer' or 'full', got {glm!r}.")
-        if posterior not in ("laplace_ggn", "least_squares_logits"):
-            raise ValueError(f"posterior must be 'laplace_ggn' or 'least_squares_logits', got {posterior!r}.")
+        owner = type(self).__name__
+        check_choice(owner, "glm", glm, ("last_layer", "full"))
+        check_choice(owner, "posterior", posterior, ("laplace_ggn", "least_squares_logits"))
+        check_likelihood(owner, likelihood, noise_variance)
+        check_choice(owner, "selection", selection, ("validation", "evidence"))
+        check_n_samples(owner, n_samples)
         self.posterior = posterior
         given = {"gamma": gamma, "gamma_grid": gamma_grid, "predictive_scale": predictive_scale,
                  "predictive_scale_grid": predictive_scale_grid, "epochs": epochs, "batch_size": batch_size,
@@ -164,20 +176,25 @@ class LastLayerSampler(PosteriorPredictiveCallback):
                                                          selection)
         elif any(given[name] is not None for name in _LEAST_SQUARES_ONLY):
             named = [name for name in _LEAST_SQUARES_ONLY if given[name] is not None]
-            raise ValueError(f"{named} apply to posterior='least_squares_logits' only; laplace_ggn takes"
-                             " prior_precision(_grid), solver and max_iters.")
+            raise setting_error(owner, "posterior", posterior,
+                                f"{named} apply to posterior='least_squares_logits' only",
+                                "drop them: laplace_ggn takes prior_precision(_grid), solver and max_iters")
+        else:
+            check_choice(owner, "solver", solver, ("cg", "sgd"))
+            check_positive(owner, "prior_precision", prior_precision, "it is the Gaussian prior's precision")
+            check_grid(owner, "prior_precision_grid", prior_precision_grid,
+                       "they are candidate precisions of the Gaussian prior")
+            check_count(owner, "max_iters", max_iters, 1,
+                        "the posterior solve runs this many CG iterations or SGD epochs")
         self.progress_bar = progress_bar
         self.glm, self.last_layer_name = glm, last_layer_name
         self.n_samples, self.prior_precision = n_samples, prior_precision
         self.noise_variance_setting, self.likelihood_setting = noise_variance, likelihood
         self.solver, self.max_iters, self.seed = solver, max_iters, seed
-        if prior_precision_grid is not None and (not prior_precision_grid or min(prior_precision_grid) <= 0):
-            raise ValueError(f"prior_precision_grid needs positive values, got {prior_precision_grid}.")
         self.prior_precision_grid = prior_precision_grid
-        if selection not in ("validation", "evidence"):
-            raise ValueError(f"selection must be 'validation' or 'evidence', got {selection!r}.")
         if selection == "evidence" and glm != "last_layer":
-            raise ValueError("selection='evidence' has a closed form for glm='last_layer' only.")
+            raise setting_error(owner, "selection", selection, "selection='evidence' has a closed form for"
+                                " glm='last_layer' only", "use selection='validation' with glm='full'")
         self.selection = selection
         self.log_evidence: dict[float, float] = {}
         self.chosen_prior_precision: float | None = None
@@ -193,28 +210,31 @@ class LastLayerSampler(PosteriorPredictiveCallback):
     def _least_squares_settings(glm: str, given: dict[str, Any], likelihood: str, solver: str,
                                 prior_precision_grid: list[float] | None, selection: str) -> dict[str, Any]:
         """The reference's defaults for ``glm`` updated with the given values, validated."""
+        owner = LastLayerSampler.__name__
         if likelihood == "regression":
-            raise ValueError("posterior='least_squares_logits' is the reference's classifier sampler (it fits"
-                             " logits); use posterior='laplace_ggn' for regression.")
+            raise setting_error(owner, "likelihood", likelihood, "posterior='least_squares_logits' is the"
+                                " reference's classifier sampler (it fits logits)",
+                                "use posterior='laplace_ggn' for regression")
         if solver != "cg" or prior_precision_grid is not None or selection != "validation":
-            raise ValueError("solver, prior_precision_grid and selection='evidence' apply to"
-                             " posterior='laplace_ggn'; least_squares_logits has no prior: tune"
-                             " gamma_grid and predictive_scale_grid instead.")
+            raise setting_error(owner, "posterior", "least_squares_logits", "solver, prior_precision_grid and"
+                                " selection='evidence' apply to posterior='laplace_ggn'; least_squares_logits"
+                                " has no prior", "tune gamma_grid and predictive_scale_grid instead")
         settings: dict[str, Any] = {**LEAST_SQUARES_DEFAULTS[glm], "predictive_scale": 1.0}
         settings["epochs"], settings["batch_size"] = int(settings["epochs"]), int(settings["batch_size"])
         settings.update({k: v for k, v in given.items() if v is not None})
-        for name in ("gamma_grid", "predictive_scale_grid"):
-            grid = settings.get(name)
-            if grid is not None and (not grid or min(grid) <= 0):
-                raise ValueError(f"{name} needs positive values, got {grid}.")
-        for name in ("gamma", "predictive_scale", "lr"):
-            if not settings[name] > 0:
-                raise ValueError(f"{name} must be > 0, got {settings[name]}.")
-        if not 0 <= settings["momentum"] < 1:
-            raise ValueError(f"momentum must be in [0, 1), got {settings['momentum']}.")
-        if settings["epochs"] < 1 or settings["batch_size"] < 1:
-            raise ValueError(f"epochs and batch_size must be >= 1, got {settings['epochs']} and"
-                             f" {settings['batch_size']}.")
+        check_grid(owner, "gamma_grid", settings.get("gamma_grid"), "they scale the start draws")
+        check_grid(owner, "predictive_scale_grid", settings.get("predictive_scale_grid"),
+                   "they multiply the linearised logits")
+        for name, why in (("gamma", "it scales the start draws"), ("predictive_scale", "it multiplies the"
+                          " linearised logits"), ("lr", "it is the SGD step size")):
+            check_positive(owner, name, settings[name], why)
+        check_fraction(owner, "momentum", settings["momentum"], "it is the heavy-ball factor")
+        for name in ("epochs", "batch_size"):
+            value = settings[name]
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise setting_error(owner, name, value, "epochs and batch_size must be integers >= 1 (SGD"
+                                    " passes over the training data, rows per SGD step)",
+                                    f"set {name} to 1 or more")
         return settings
 
     @property
@@ -379,8 +399,8 @@ class LastLayerSampler(PosteriorPredictiveCallback):
         chosen = {"uq/prior_precision": self.chosen_prior_precision, "uq/gamma": self.chosen_gamma,
                   "uq/predictive_scale": self.chosen_predictive_scale}
         for name, value in chosen.items():
-            if value is not None:
-                pl_module.log(name, float(value))
+            if value is not None:  # the same on every rank
+                pl_module.log(name, float(value), sync_dist=True)
 
     def sample(self, pl_module: L.LightningModule, batch: Any) -> torch.Tensor:  # noqa: ANN401
         """Linearised predictions of the S posterior samples, ``(B, S, C)``."""

@@ -33,6 +33,13 @@ from torch import Tensor, nn
 from typing_extensions import override
 
 from ripieno.callbacks.posterior_predictive import PosteriorPredictiveCallback, plain_copy
+from ripieno.callbacks.sampler_settings import (
+    check_choice,
+    check_likelihood,
+    check_n_samples,
+    check_positive,
+    setting_error,
+)
 from ripieno.callbacks.temperature_scaling import TemperatureScaling
 from ripieno.framework.uq.linearization import find_last_linear
 
@@ -78,7 +85,7 @@ class LaplaceSampler(PosteriorPredictiveCallback):
         hessian_structure: ``kron``, ``full`` or ``diag``.
         last_layer_name: module name (in the LightningModule) of the last linear layer
             for ``last_layer`` (default: its last ``nn.Linear``).
-        n_samples: predictive samples S.
+        n_samples: predictive samples S (at least 2: the uncertainty is their spread).
         prior_precision: prior precision, or its initial value when optimised.
         optimize_prior: tune the prior precision by the Laplace marginal likelihood
             (``optimize_prior_precision(pred_type="glm", method="marglik")``).
@@ -119,18 +126,18 @@ class LaplaceSampler(PosteriorPredictiveCallback):
     ) -> None:
         super().__init__(input_key, target_key, ood_dataloader_idx, temperature=temperature)
         self.progress_bar = progress_bar
-        if subset_of_weights not in ("last_layer", "all"):
-            raise ValueError(f"subset_of_weights must be 'last_layer' or 'all', got {subset_of_weights!r}.")
-        if hessian_structure not in ("kron", "full", "diag"):
-            raise ValueError(f"hessian_structure must be 'kron', 'full' or 'diag', got"
-                             f" {hessian_structure!r}.")
-        if prior_structure not in ("scalar", "layerwise", "diag"):
-            raise ValueError(f"prior_structure must be 'scalar', 'layerwise' or 'diag', got"
-                             f" {prior_structure!r}.")
+        owner = type(self).__name__
+        check_choice(owner, "subset_of_weights", subset_of_weights, ("last_layer", "all"))
+        check_choice(owner, "hessian_structure", hessian_structure, ("kron", "full", "diag"))
+        check_choice(owner, "prior_structure", prior_structure, ("scalar", "layerwise", "diag"))
         if optimize_prior and hessian_structure == "kron" and prior_structure == "diag":
-            raise ValueError("A Kronecker-factored Laplace takes a scalar or layerwise prior precision.")
-        if n_samples < 1:
-            raise ValueError(f"Laplace needs n_samples >= 1, got {n_samples}.")
+            raise setting_error(owner, "prior_structure", prior_structure,
+                                "a Kronecker-factored Laplace takes a scalar or layerwise prior precision",
+                                "use prior_structure='scalar' or 'layerwise', or another hessian_structure")
+        check_n_samples(owner, n_samples)
+        check_positive(owner, "prior_precision", prior_precision, "it is the Gaussian prior's precision"
+                       " (or its initial value when tuned)")
+        check_likelihood(owner, likelihood, noise_variance, ("auto", "regression", "classification"))
         self.subset_of_weights, self.hessian_structure = subset_of_weights, hessian_structure
         self.last_layer_name, self.n_samples = last_layer_name, n_samples
         self.prior_precision, self.optimize_prior = prior_precision, optimize_prior

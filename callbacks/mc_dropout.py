@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from ripieno.callbacks.posterior_predictive import PosteriorPredictiveCallback
+from ripieno.callbacks.sampler_settings import check_likelihood, check_n_samples
 from ripieno.callbacks.temperature_scaling import TemperatureScaling
 from ripieno.framework.uq.linearization import call_model
 
@@ -24,7 +25,7 @@ class MCDropoutSampler(PosteriorPredictiveCallback):
     """S dropout-perturbed forward passes of the trained network.
 
     Args:
-        n_samples: forward passes S.
+        n_samples: forward passes S (at least 2: the uncertainty is their spread).
         likelihood: ``auto`` (from ``pl_module.task``), ``regression``,
             ``classification`` or ``binary``.
         noise_variance: regression noise ``sigma^2``; ``None`` estimates the training MSE.
@@ -49,8 +50,8 @@ class MCDropoutSampler(PosteriorPredictiveCallback):
         temperature: float | TemperatureScaling | Literal["callback"] | None = None,
     ) -> None:
         super().__init__(input_key, target_key, ood_dataloader_idx, temperature=temperature)
-        if n_samples < 2:
-            raise ValueError(f"MC-dropout needs n_samples >= 2, got {n_samples}.")
+        check_n_samples(type(self).__name__, n_samples)
+        check_likelihood(type(self).__name__, likelihood, noise_variance)
         self.n_samples, self.seed = n_samples, seed
         self.likelihood_setting, self.noise_variance_setting = likelihood, noise_variance
         self._calls = 0

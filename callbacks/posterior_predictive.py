@@ -27,7 +27,6 @@ in the LinearSampling paper's evaluation of GLM samples.
 from __future__ import annotations
 
 import functools
-import math
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, Literal
@@ -42,6 +41,7 @@ from torchmetrics.classification import MulticlassAccuracy
 from typing_extensions import override
 
 from ripieno.callbacks.figure_logging import log_reliability_diagram
+from ripieno.callbacks.sampler_settings import check_choice, check_count, check_positive, setting_error
 from ripieno.callbacks.temperature_scaling import TemperatureScaling
 from ripieno.framework.metrics.uq import (
     VARROC_PREDICTIONS,
@@ -89,14 +89,16 @@ class PosteriorPredictiveCallback(Callback, ABC):
                  varroc_prediction: Literal["predictive_mean", "map"] = "predictive_mean",
                  temperature: float | TemperatureScaling | Literal["callback"] | None = None) -> None:
         super().__init__()
-        if varroc_prediction not in VARROC_PREDICTIONS:
-            raise ValueError(f"varroc_prediction must be 'predictive_mean' or 'map', got"
-                             f" {varroc_prediction!r}.")
+        owner = type(self).__name__
+        check_choice(owner, "varroc_prediction", varroc_prediction, VARROC_PREDICTIONS)
         if isinstance(temperature, bool) or (isinstance(temperature, str) and temperature != "callback"):
-            raise ValueError(f"temperature must be a float, a TemperatureScaling or 'callback', got"
-                             f" {temperature!r}.")
-        if isinstance(temperature, int | float) and not (temperature > 0 and math.isfinite(temperature)):
-            raise ValueError(f"temperature must be a finite number > 0, got {temperature}.")
+            raise setting_error(owner, "temperature", temperature,
+                                "temperature must be a float, a TemperatureScaling or 'callback'",
+                                "pass a number > 0, the callback, 'callback' or None")
+        if isinstance(temperature, int | float):
+            check_positive(owner, "temperature", temperature, "sampled logits are divided by it")
+        if ood_dataloader_idx is not None:
+            check_count(owner, "ood_dataloader_idx", ood_dataloader_idx, 0, "it indexes the test dataloaders")
         self.temperature = temperature
         self._temperature_source: TemperatureScaling | None = (
             temperature if isinstance(temperature, TemperatureScaling) else None)
@@ -378,8 +380,8 @@ class PosteriorPredictiveCallback(Callback, ABC):
     @override
     def on_test_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._write_reliability_diagram(trainer)
-        for name, metric in self._metrics.items():
-            pl_module.log(f"uq/test/{name}", metric.compute(), sync_dist=False, add_dataloader_idx=False)
+        for name, metric in self._metrics.items():  # compute() has reduced across ranks; the mean keeps it
+            pl_module.log(f"uq/test/{name}", metric.compute(), sync_dist=True, add_dataloader_idx=False)
             metric.reset()
 
     @override

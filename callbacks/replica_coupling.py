@@ -10,11 +10,14 @@ parameters with the copies on axis 0 (``ripieno.framework.mcover.MCoverClassifie
   ``gamma_t = min(gamma_max, gamma0 * (1 + growth)^t)`` per step ``t``. Its gradient on copy
   ``a`` is ``gamma_t (theta_a - theta_bar)``.
 * ``ElasticAveraging`` (EASGD, Zhang, Choromanska & LeCun 2015, synchronous form): a centre
-  variable ``c``; every ``period`` steps, after the optimiser step,
+  variable ``c``; every ``period`` optimiser steps, after the step,
   ``theta_a <- theta_a - alpha (theta_a - c)`` and ``c <- c + alpha sum_a (theta_a - c)``
   (with the pre-update differences). The centre is the collapsed predictor (the module's
   ``mean_weights`` rule): it is installed at the start of every fit, validation, test and
   predict run, so testing a checkpoint uses that checkpoint's centre.
+
+Steps are optimiser steps (``trainer.global_step``): with ``accumulate_grad_batches=k`` the
+coupling grows once per ``k`` batches and EASGD acts only after a batch that stepped.
 """
 
 from __future__ import annotations
@@ -85,7 +88,7 @@ class ElasticAveraging(Callback):
     Args:
         alpha: the moving rate (``eta * rho`` in the paper); ``M * alpha < 1`` keeps the
             centre update stable.
-        period: steps between elastic updates (the communication period ``tau``).
+        period: optimiser steps between elastic updates (the communication period ``tau``).
     """
 
     def __init__(self, alpha: float = 0.05, period: int = 1) -> None:
@@ -94,6 +97,9 @@ class ElasticAveraging(Callback):
             raise ValueError(f"Need 0 < alpha < 1 and period >= 1, got alpha={alpha}, period={period}.")
         self.alpha, self.period = alpha, period
         self.centre: list[Tensor] | None = None
+        # global_step after the last batch seen: a batch that leaves it unchanged only accumulated
+        # gradients. Set from the (restored) trainer at every train start, so it needs no state_dict.
+        self._seen_step: int | None = None
 
     @override
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -128,11 +134,22 @@ class ElasticAveraging(Callback):
             setter(self.centre)
 
     @override
-    @torch.no_grad()
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._seen_step = trainer.global_step
+
+    @override
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any,  # noqa: ANN401
                            batch: Any, batch_idx: int) -> None:  # noqa: ANN401
-        if trainer.global_step % self.period != 0:
+        step = trainer.global_step
+        if step == self._seen_step:  # no optimiser step in this batch (gradient accumulation)
             return
+        self._seen_step = step
+        if step % self.period == 0:
+            self.elastic_update(pl_module)
+
+    @torch.no_grad()
+    def elastic_update(self, pl_module: L.LightningModule) -> None:
+        """One EASGD exchange: copies move ``alpha`` towards the centre, the centre towards the copies."""
         assert self.centre is not None
         for p, c in zip(copy_parameters(pl_module), self.centre, strict=True):
             diff = p - c

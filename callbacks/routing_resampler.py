@@ -4,6 +4,10 @@ The callback owns a seeded CPU generator. Every rank seeds it alike and draws th
 number of times, so all DDP ranks route identically without communication; its state
 goes into checkpoints (``state_dict``) and the bank itself is a module buffer, so a
 resumed run continues the same sequence of banks as an uninterrupted one.
+
+Steps are optimiser steps (``trainer.global_step``): with ``accumulate_grad_batches=k`` a
+redraw comes before the first of the ``k`` batches of a due step, and every batch of that
+step routes through the same bank.
 """
 
 from __future__ import annotations
@@ -36,10 +40,11 @@ class RoutingResampler(Callback):
 
     Logged at each redraw: ``routing/self_fraction`` (mean of the empirical mixing
     matrix's diagonal; 1 = no mixing), ``routing/mixing_entropy`` (nats; ``log M`` =
-    uniform) and ``routing/draws``.
+    uniform) and ``routing/draws``: the epoch's mean over redraws under these names and,
+    with ``every_n_steps``, each redraw's value under ``routing/<name>_step``.
 
     Args:
-        every_n_steps: redraw before training steps ``0, n, 2n, ...``.
+        every_n_steps: redraw before optimiser steps ``0, n, 2n, ...``.
         every_n_epochs: redraw before epochs ``0, n, 2n, ...`` (instead of steps).
         seed: seed of the callback's own generator.
     """
@@ -56,6 +61,9 @@ class RoutingResampler(Callback):
         self.generator: torch.Generator | None = None  # made per process: generators do not pickle
         self.draws = 0
         self.history: list[dict[str, float]] = []
+        # global_step of the last training batch seen: later batches of the same optimiser step
+        # (gradient accumulation) keep the bank. Reset at every train start, so it needs no state_dict.
+        self._seen_step: int | None = None
 
     @property
     @override
@@ -95,12 +103,24 @@ class RoutingResampler(Callback):
         stats = routed.permutation_bank.statistics()
         self.history.append(stats)
         for name, value in {**stats, "draws": float(self.draws)}.items():
-            pl_module.log(f"routing/{name}", value, on_step=self.every_n_steps is not None, on_epoch=True)
+            # The same on every rank (same generator), but logged with sync_dist so that the epoch value is a
+            # cross-rank reduction; a separate step-only entry keeps that all-reduce off every step.
+            if self.every_n_steps is not None:
+                pl_module.log(f"routing/{name}_step", value, on_step=True, on_epoch=False)
+            pl_module.log(f"routing/{name}", value, on_step=False, on_epoch=True, sync_dist=True)
+
+    @override
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._seen_step = None
 
     @override
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any,  # noqa: ANN401
                              batch_idx: int) -> None:
-        if self.every_n_steps is not None and trainer.global_step % self.every_n_steps == 0:
+        step = trainer.global_step
+        if self.every_n_steps is None or step == self._seen_step:  # a later batch of the same optimiser step
+            return
+        self._seen_step = step
+        if step % self.every_n_steps == 0:
             self._redraw(pl_module)
 
     @override

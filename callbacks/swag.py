@@ -39,6 +39,14 @@ from torch.optim.swa_utils import AveragedModel
 from typing_extensions import override
 
 from ripieno.callbacks.posterior_predictive import PosteriorPredictiveCallback
+from ripieno.callbacks.sampler_settings import (
+    check_count,
+    check_fraction,
+    check_likelihood,
+    check_n_samples,
+    check_positive,
+    setting_error,
+)
 from ripieno.callbacks.temperature_scaling import TemperatureScaling
 
 
@@ -68,7 +76,7 @@ class SWAGSampler(PosteriorPredictiveCallback):
     Logged on test, under ``uq/test/``: as ``PosteriorPredictiveCallback``.
 
     Args:
-        n_samples: parameter samples S.
+        n_samples: parameter samples S (at least 2: the uncertainty is their spread).
         swa_start: first collection epoch: an ``int`` epoch index (0-based), or a
             ``float`` in ``[0, 1)``, the fraction ``floor(swa_start * max_epochs)``.
         collect_every: collect every this many epochs from ``swa_start`` on.
@@ -109,20 +117,22 @@ class SWAGSampler(PosteriorPredictiveCallback):
         temperature: float | TemperatureScaling | Literal["callback"] | None = None,
     ) -> None:
         super().__init__(input_key, target_key, ood_dataloader_idx, temperature=temperature)
-        if n_samples < 1:
-            raise ValueError(f"SWAG needs n_samples >= 1, got {n_samples}.")
+        owner = type(self).__name__
+        check_n_samples(owner, n_samples)
         if isinstance(swa_start, bool) or not isinstance(swa_start, int | float):
             raise TypeError(f"swa_start must be an int epoch or a float fraction, got {swa_start!r}.")
-        if isinstance(swa_start, int) and swa_start < 0:
-            raise ValueError(f"swa_start must be a non-negative epoch index, got {swa_start}.")
-        if isinstance(swa_start, float) and not 0.0 <= swa_start < 1.0:
-            raise ValueError(f"A float swa_start is a fraction of max_epochs in [0, 1), got {swa_start}.")
-        if collect_every < 1:
-            raise ValueError(f"collect_every must be >= 1, got {collect_every}.")
-        if max_rank < 0 or max_rank == 1:
-            raise ValueError(f"max_rank must be 0 (SWAG-diagonal) or >= 2, got {max_rank}.")
-        if var_clamp < 0 or scale <= 0:
-            raise ValueError(f"Need var_clamp >= 0 and scale > 0, got {var_clamp} and {scale}.")
+        if isinstance(swa_start, int):
+            check_count(owner, "swa_start", swa_start, 0, "an int swa_start is the first collection epoch")
+        else:
+            check_fraction(owner, "swa_start", swa_start, "a float swa_start is a fraction of max_epochs")
+        check_count(owner, "collect_every", collect_every, 1, "collection repeats every this many epochs")
+        if isinstance(max_rank, bool) or not isinstance(max_rank, int) or max_rank < 0 or max_rank == 1:
+            raise setting_error(owner, "max_rank", max_rank, "max_rank must be 0 (SWAG-diagonal) or >= 2, as"
+                                " the low-rank part divides by K - 1 deviation columns",
+                                "set max_rank=0 or 2 or more (20 is the default)")
+        check_positive(owner, "var_clamp", var_clamp, "it is the smallest diagonal variance", allow_zero=True)
+        check_positive(owner, "scale", scale, "it scales the covariance")
+        check_likelihood(owner, likelihood, noise_variance)
         self.n_samples, self.swa_start, self.collect_every = n_samples, swa_start, collect_every
         self.max_rank, self.var_clamp, self.scale, self.seed = max_rank, var_clamp, scale, seed
         self.likelihood_setting, self.noise_variance_setting = likelihood, noise_variance

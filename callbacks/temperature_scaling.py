@@ -69,6 +69,7 @@ from torchmetrics.utilities.distributed import gather_all_tensors
 from typing_extensions import override
 
 from ripieno.callbacks.figure_logging import log_reliability_diagram
+from ripieno.callbacks.sampler_settings import check_count, check_positive, setting_error
 from ripieno.framework.metrics.diversity import member_log_probs
 from ripieno.framework.metrics.uq import BrierScore, ExpectedCalibrationError, PredictiveNLL
 
@@ -187,14 +188,18 @@ class TemperatureScaling(Callback):
         n_bins: int = 15,
     ) -> None:
         super().__init__()
+        owner = type(self).__name__
         if output_kind not in ("auto", *_KINDS):
-            raise ValueError(f"Unknown output_kind {output_kind!r}; use 'auto', 'logits', 'binary_logits' or"
-                             " 'probs'.")
-        if not 0 < bounds[0] < bounds[1] < math.inf:
-            raise ValueError(f"bounds must be 0 < low < high < inf, got {bounds}.")
-        if grid_size < 3 or tol <= 0 or n_bins < 1:
-            raise ValueError(f"Need grid_size >= 3, tol > 0 and n_bins >= 1, got {grid_size}, {tol} and"
-                             f" {n_bins}.")
+            raise setting_error(owner, "output_kind", output_kind,
+                                "Unknown output_kind (regression outputs have no logit to scale)",
+                                "use 'auto', 'logits', 'binary_logits' or 'probs'")
+        if len(bounds) != 2 or not 0 < bounds[0] < bounds[1] < math.inf:
+            raise setting_error(owner, "bounds", bounds,
+                                "bounds must be (low, high) with 0 < low < high < inf, the interval searched"
+                                " for T", "e.g. bounds=[0.01, 100.0]")
+        check_count(owner, "grid_size", grid_size, 3, "the grid must bracket its best point")
+        check_positive(owner, "tol", tol, "the search stops at this width in log T")
+        check_count(owner, "n_bins", n_bins, 1, "the calibration error bins the confidences")
         self.output_kind, self.output_key, self.target_key = output_kind, output_key, target_key
         self.prefix, self.bounds, self.grid_size, self.tol = prefix, tuple(bounds), grid_size, tol
         self.n_bins = n_bins
@@ -355,8 +360,8 @@ class TemperatureScaling(Callback):
         self.temperature = temperature
         self.nll_before = member_mean_nll(log_probs, target, 1.0)
         self.nll_after = member_mean_nll(log_probs, target, temperature)
-        for name, value in (("temperature", temperature), ("nll", self.nll_after)):
-            pl_module.log(f"{self.prefix}/val/{name}", value, sync_dist=False, add_dataloader_idx=False)
+        for name, value in (("temperature", temperature), ("nll", self.nll_after)):  # the same on every rank
+            pl_module.log(f"{self.prefix}/val/{name}", value, sync_dist=True, add_dataloader_idx=False)
 
     @override
     def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -395,8 +400,8 @@ class TemperatureScaling(Callback):
         log_reliability_diagram(trainer, self._metrics["ece"], f"{self.prefix}/test/reliability", name,
                                 title=f"T = {temperature:.3g}")
         values = {name: metric.compute() for name, metric in self._metrics.items()}
-        for name, value in {**values, "temperature": temperature}.items():
-            pl_module.log(f"{self.prefix}/test/{name}", value, sync_dist=False, add_dataloader_idx=False)
+        for name, value in {**values, "temperature": temperature}.items():  # reduced by compute(): rank-equal
+            pl_module.log(f"{self.prefix}/test/{name}", value, sync_dist=True, add_dataloader_idx=False)
         for metric in self._metrics.values():
             metric.reset()
 

@@ -333,20 +333,21 @@ class BinaryPerceptronSA(MemberModule):
         gen = {"mean_weights": generalization_error(self.collapse(), teacher),
                "best_copy": generalization_error(copies[index], teacher),
                "copy_average": vote_generalization_error(copies, teacher)}
-        for rule, value in gen.items():
-            self.log(f"{stage}/gen_error_{rule}", float(value))
-        self.log(f"{stage}/gen_error_collapsed", float(gen[self.collapse_rule]), prog_bar=True)
-        self.log(f"{stage}/gen_error_copies", float(generalization_error(copies, teacher).mean()))
-        self.log(f"{stage}/best_copy_index", float(index))
+        values = {f"gen_error_{rule}": float(value) for rule, value in gen.items()}
+        values |= {"gen_error_collapsed": float(gen[self.collapse_rule]),
+                   "gen_error_copies": float(generalization_error(copies, teacher).mean()),
+                   "best_copy_index": float(index)}
+        for name, value in values.items():
+            self.log(f"{stage}/{name}", value, prog_bar=name == "gen_error_collapsed", sync_dist=True)
         scores, metrics = self.copy_scores[f"{stage}_"], self.metrics[f"{stage}_"]
         if not scores.update_called:
             return
         errors = {"best_copy": 1.0 - scores.per_copy()["accuracy"][index],
                   "mean_weights": metrics["error_mean_weights"].compute(),
                   "copy_average": metrics["error_copy_average"].compute()}
-        self.log(f"{stage}/error_best_copy", errors["best_copy"].float())
-        self.log(f"{stage}/error_collapsed", errors[self.collapse_rule].float())
-        self.log(f"{stage}/accuracy", 1.0 - errors[self.collapse_rule].float())
+        self.log(f"{stage}/error_best_copy", errors["best_copy"].float(), sync_dist=True)
+        self.log(f"{stage}/error_collapsed", errors[self.collapse_rule].float(), sync_dist=True)
+        self.log(f"{stage}/accuracy", 1.0 - errors[self.collapse_rule].float(), sync_dist=True)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         """A no-op optimiser, stepped once per training step.

@@ -46,7 +46,8 @@ class LossTermsMixin:
             value = fn(self, batch, step_output)
             if value.ndim != 0:
                 raise ValueError(f"Loss term {name!r} must return a scalar, got {tuple(value.shape)}.")
-            self.log(f"train/loss_term/{name}", value.detach(), on_step=False, on_epoch=True)  # type: ignore[attr-defined]
+            self.log(f"train/loss_term/{name}", value.detach(), on_step=False, on_epoch=True,  # type: ignore[attr-defined]
+                     sync_dist=True)  # epoch-only: reduced across ranks once, at the epoch's end
             total = total.to(value.device) + value
         return total
 

@@ -7,7 +7,8 @@ The base owns the rest, once:
 
 * ``training_step``: the method's loss plus every registered loss term (the extension
   point of ``LossTermsMixin``: GeoReg and users' callbacks add terms there), logged as
-  ``train/loss``;
+  ``train/loss_step`` (this rank's) and ``train/loss_epoch`` (the epoch's mean over every
+  rank's rows; ``train/loss`` for monitors);
 * ``validation_step``/``test_step``: one template that updates the stage's metrics and
   logs ``{val,test}/loss`` and ``{val,test}/<metric>``; rows labelled ``-1`` (an OOD test
   loader) only pass through;
@@ -209,8 +210,13 @@ class MemberModule(LossTermsMixin, RNGStateMixin, L.LightningModule):
         """The method's loss plus every registered loss term."""
         out = self.step(batch, "train")
         out["loss"] = out["loss"] + self.registered_loss_terms(batch, out)
-        self.log("train/loss", out["loss"], prog_bar=True, on_step=True, on_epoch=True,
-                 batch_size=len(out["target"]))
+        n, loss = len(out["target"]), out["loss"]
+        # Lightning 2.6 all-reduces an on_step value at every step when sync_dist=True, so the step value
+        # stays per rank and only the epoch mean is reduced across ranks, once per epoch. The logged columns
+        # keep Lightning's names for an on_step + on_epoch value; train/loss is the epoch mean for monitors.
+        self.log("train/loss_step", loss, prog_bar=True, on_step=True, on_epoch=False, batch_size=n)
+        self.log("train/loss_epoch", loss, on_step=False, on_epoch=True, batch_size=n, sync_dist=True)
+        self.log("train/loss", loss, on_step=False, on_epoch=True, batch_size=n, sync_dist=True, logger=False)
         return _detached(out)
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int,
