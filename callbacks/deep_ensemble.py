@@ -16,10 +16,14 @@ import lightning as L
 import torch
 
 from ripieno.callbacks.posterior_predictive import PosteriorPredictiveCallback
-from ripieno.callbacks.sampler_settings import check_likelihood, setting_error
+from ripieno.callbacks.sampler_settings import SamplerSettingError, check_likelihood, setting_error
 from ripieno.callbacks.temperature_scaling import TemperatureScaling
 from ripieno.framework.checkpoint_file import read_checkpoint
 from ripieno.framework.uq.linearization import call_model
+
+
+class MissingMemberError(SamplerSettingError, FileNotFoundError):
+    """A member checkpoint of a ``DeepEnsembleSampler`` is not on disk (one line: which, and the fix)."""
 
 
 class DeepEnsembleSampler(PosteriorPredictiveCallback):
@@ -58,7 +62,9 @@ class DeepEnsembleSampler(PosteriorPredictiveCallback):
         check_likelihood(type(self).__name__, likelihood, noise_variance)
         missing = [c for c in checkpoints if not Path(c).is_file()]
         if missing:
-            raise FileNotFoundError(f"Checkpoint(s) not found: {missing}; train the members first.")
+            error = setting_error(type(self).__name__, "checkpoints", missing, "these files do not exist",
+                                  "train the members first, or check the paths")
+            raise MissingMemberError(str(error))
         self.checkpoints = list(checkpoints)
         self.likelihood_setting, self.noise_variance_setting = likelihood, noise_variance
         self.members: list[L.LightningModule] = []
