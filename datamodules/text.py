@@ -24,10 +24,14 @@ Sources:
   A file that cannot be read (empty, a header without rows, not in ``encoding``, corrupt) is
   a one-line error naming the file and the fix (``ripieno.datamodules.tabular.read_table``).
 
-Tokenizers: ``tokenizer_dir`` is a directory written by ``save_pretrained``; or set
-``build_tokenizer: true`` to train a small byte-level BPE (GPT-2 style, ``vocab_size``
-tokens, pad = end-of-text) on the training split only and save it to ``tokenizer_dir``
-(default ``runs/tokenizers/<dataset>``), where ``AutoTokenizer.from_pretrained`` loads it.
+Tokenizers: ``tokenizer_dir`` is a directory written by ``save_pretrained``, which is only
+ever read; or set ``build_tokenizer: true`` to train a small byte-level BPE (GPT-2 style,
+``vocab_size`` tokens, pad = end-of-text) on the training split only. It is built once into
+ripieno's cache folder (``<cache>/tokenizers/<dataset>-<key>``, the key hashing the training
+texts, ``vocab_size`` and the algorithm's settings; ``RIPIENO_CACHE`` moves the cache), so a
+second run on the same data reuses it and concurrent processes (DDP ranks) build it once;
+``spec.tokenizer_dir`` says where it is. Giving both is an error: a user's tokenizer folder
+is never written.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from typing import Any, Literal
 import numpy as np
 import pandas as pd
 import torch
+from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 
 from ripieno.datamodules.base import BatchDataset, DataModuleError, SplitDataModule
@@ -51,6 +56,7 @@ from ripieno.datamodules.hf_datasets import SplitPolicy, load_hf_splits, resolve
 from ripieno.datamodules.splits import check_split_args, split_rows, stratified_subset
 from ripieno.datamodules.tabular import read_table
 from ripieno.framework.errors import file_problem
+from ripieno.framework.generated_folders import build_once, generated_dir
 from ripieno.framework.text_spec import TextSpec
 
 END_OF_TEXT = "<|endoftext|>"
@@ -405,6 +411,53 @@ def train_bpe_tokenizer(texts: list[str], vocab_size: int, out_dir: str | Path) 
     return fast
 
 
+def bpe_tokenizer_record(texts: list[str], vocab_size: int) -> dict[str, Any]:
+    """What determines a tokenizer ``train_bpe_tokenizer`` trains: the texts, the size, the algorithm.
+
+    Example:
+        >>> a, b = bpe_tokenizer_record(["a b"], 300), bpe_tokenizer_record(["a", "b"], 300)
+        >>> a["texts_sha256"] != b["texts_sha256"], a["vocab_size"]
+        (True, 300)
+    """
+    import tokenizers
+
+    from ripieno.datamodules.fingerprints import Fingerprint
+
+    texts_sha256 = Fingerprint("bpe-texts").add(texts).hexdigest()
+    return {"generated": "byte-level BPE tokenizer", "texts_sha256": texts_sha256,
+            "n_texts": len(texts), "vocab_size": int(vocab_size), "special_tokens": [END_OF_TEXT],
+            "add_prefix_space": False, "tokenizers_version": tokenizers.__version__, "format": 1}
+
+
+def cached_bpe_tokenizer(texts: list[str], vocab_size: int, name: str) -> tuple[Path, bool]:
+    """A byte-level BPE trained on ``texts``, in ripieno's cache folder (trained there once).
+
+    The folder is ``<cache>/tokenizers/<name>-<key>``, the key hashing
+    ``bpe_tokenizer_record(texts, vocab_size)``; it is built like every generated folder
+    (``ripieno.framework.generated_folders.build_once``: under a lock, in a staging folder,
+    marker last), so concurrent processes train once and a half-built folder is rebuilt.
+
+    Returns:
+        ``(folder, built)``: the tokenizer folder and whether this call trained it.
+
+    Example:
+        >>> import os, tempfile
+        >>> from unittest import mock
+        >>> texts = ["a good film", "a bad film", "good acting"] * 5
+        >>> with mock.patch.dict(os.environ, {"RIPIENO_CACHE": tempfile.mkdtemp()}):
+        ...     folder, built = cached_bpe_tokenizer(texts, 300, "reviews")
+        ...     again = cached_bpe_tokenizer(texts, 300, "reviews")
+        >>> built, again == (folder, False), folder.name.startswith("reviews-")
+        (True, True, True)
+    """
+    record = bpe_tokenizer_record(texts, vocab_size)
+
+    def write(folder: Path) -> None:
+        train_bpe_tokenizer(texts, vocab_size, folder)
+
+    return build_once(generated_dir("tokenizers", name, record), record, write)
+
+
 def load_tokenizer(tokenizer_dir: str | Path) -> Any:  # noqa: ANN401
     """A saved Hugging Face tokenizer (local files only); pad falls back to eos."""
     from transformers import AutoTokenizer
@@ -468,10 +521,11 @@ class TextDataModule(SplitDataModule):
             ``train`` / ``validation`` / ``test`` (missing ones are carved from train by
             ``split_seed``; ``max_rows`` caps the train split), ``resplit`` pools them and
             draws all three (a message says so either way).
-        tokenizer_dir: local tokenizer directory (``save_pretrained`` output); required
-            unless ``build_tokenizer`` (then the default is ``runs/tokenizers/<dataset>``).
+        tokenizer_dir: local tokenizer directory (``save_pretrained`` output), only ever
+            read; required unless ``build_tokenizer``, and not given with it.
         build_tokenizer: train a byte-level BPE of ``vocab_size`` tokens on the training
-            split and save it to ``tokenizer_dir`` (overwriting what is there).
+            split, once, into ripieno's cache folder (module docstring); ``spec.tokenizer_dir``
+            says where.
         vocab_size: vocabulary size of a built tokenizer.
         max_length: most tokens per text (longer texts are truncated).
         padding: ``longest`` (each batch padded to its longest text) or ``max_length``.
@@ -512,6 +566,12 @@ class TextDataModule(SplitDataModule):
         super().__init__()
         self.save_hyperparameters()
         self.tokenizer: Any = None
+        if tokenizer_dir is not None and build_tokenizer:
+            raise TextDataError(
+                f"tokenizer_dir={tokenizer_dir} and build_tokenizer=true are both set, and ripieno never"
+                " writes into a folder you name; drop one: use that folder's own tokenizer with"
+                " build_tokenizer=false (e.g. --data.init_args.build_tokenizer=false), or leave tokenizer_dir"
+                " unset to train a BPE tokenizer into ripieno's cache folder.")
 
     @property
     def spec(self) -> TextSpec:
@@ -531,13 +591,16 @@ class TextDataModule(SplitDataModule):
                 .add({"max_length": hp.max_length, "padding": hp.padding,
                       "pad_to_multiple_of": hp.pad_to_multiple_of}).hexdigest())
 
-    def resolved_tokenizer_dir(self) -> Path:
-        """Where the tokenizer is read from (or built into)."""
+    def _tokenizer_dir(self, train_texts: list[str]) -> Path:
+        """The tokenizer folder: ``tokenizer_dir``, or a BPE trained on ``train_texts`` into the cache."""
         hp = self.hparams
-        if hp.tokenizer_dir is not None:
+        if not hp.build_tokenizer:
             return Path(hp.tokenizer_dir).expanduser()
-        stem = hp.dataset if hp.dataset in SHIPPED else Path(hp.dataset).stem
-        return Path("runs") / "tokenizers" / stem
+        stem = hp.dataset if hp.dataset in SHIPPED else Path(str(hp.dataset)).stem
+        folder, built = cached_bpe_tokenizer(train_texts, hp.vocab_size, stem or "texts")
+        rank_zero_info(f"TextDataModule: {'trained' if built else 'reusing'} a byte-level BPE tokenizer"
+                       f" ({hp.vocab_size} tokens, training split of {hp.dataset}) in {folder}")
+        return folder
 
     def _check_args(self) -> None:
         hp = self.hparams
@@ -554,8 +617,7 @@ class TextDataModule(SplitDataModule):
             raise MissingTextDataError(
                 "No tokenizer: set data.tokenizer_dir to a local Hugging Face tokenizer directory"
                 " (written by save_pretrained), or set data.build_tokenizer: true to train a small"
-                " byte-level BPE on the training split (saved to runs/tokenizers/<dataset> unless"
-                " tokenizer_dir is set)."
+                " byte-level BPE on the training split (built once into ripieno's cache folder)."
             )
         if not hp.build_tokenizer:
             load_tokenizer(hp.tokenizer_dir)  # fail fast on a bad directory, before reading data
@@ -587,9 +649,7 @@ class TextDataModule(SplitDataModule):
         rows_by_split = {"train": train_rows, "val": val_rows, "test": test_rows}
         split_texts = {name: [raw.texts[i] for i in r] for name, r in rows_by_split.items()}
 
-        tokenizer_dir = self.resolved_tokenizer_dir()
-        if hp.build_tokenizer:
-            train_bpe_tokenizer(split_texts["train"], hp.vocab_size, tokenizer_dir)
+        tokenizer_dir = self._tokenizer_dir(split_texts["train"])
         self.tokenizer = tokenizer = load_tokenizer(tokenizer_dir)
 
         self._splits = {}

@@ -7,7 +7,7 @@ Each figure is drawn from a run's own outputs (nothing is simulated):
   sampler's reliability diagram is copied from the run folder (no logger: it is written
   under ``default_root_dir``).
 * ``loes_scores_efficientnet_lite0.png``: the per-step score table that
-  ``loes/vision_efficientnet_lite0_loes`` writes to ``scores_path`` (ridge loss, 1 - Iso,
+  ``loes/vision_efficientnet_lite0_loes`` writes into its run folder (``scores_path``; ridge loss, 1 - Iso,
   redundancy and the total per candidate layer, the chosen one marked).
 * ``georeg_isotropy_bbc_news.png``: ``georeg/val/isotropy`` per epoch of
   ``loes/text_minilm_georeg_bbc_news`` with GeoReg (weight 0.1) and without (weight 0), from
@@ -65,11 +65,11 @@ def reliability(out: Path, work: Path) -> Path:
 
 def loes_scores(out: Path, work: Path) -> Path:
     """Run the EfficientNet-Lite0 LOES recipe and plot its per-step score table."""
-    scores = work / "loes_efficientnet" / "selection_scores.csv"
-    ripieno(["fit", "-c", "loes/vision_efficientnet_lite0_loes",
-             f"--trainer.default_root_dir={work / 'loes_en'}", "--trainer.logger=false",
-             "--trainer.enable_progress_bar=false", "--trainer.max_epochs=1",
-             f"--data.init_args.scores_path={scores}"])
+    root = work / "loes_efficientnet"
+    ripieno(["fit", "-c", "loes/vision_efficientnet_lite0_loes", f"--trainer.default_root_dir={root}",
+             "--trainer.logger=false", "--trainer.enable_progress_bar=false", "--trainer.max_epochs=1"])
+    # the run writes selection_scores.csv into its run folder, or selection_scores_N.csv beside an earlier one
+    scores = max(root.glob("selection_scores*.csv"), key=lambda path: path.stat().st_mtime_ns)
     table = pd.read_csv(scores)
     steps = sorted(table["step"].unique())
     fig = Figure(figsize=(4.2 * len(steps), 3.4))

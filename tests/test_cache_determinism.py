@@ -37,10 +37,10 @@ def _run_recipe(root, name: str) -> pd.DataFrame:
     """text_gpt2_loes on 200 rows for 2 epochs; its metrics.csv (fit, then test of the best checkpoint)."""
     source = {"class_path": "ripieno.datamodules.TextDataModule",
               "init_args": {"dataset": "rotten_tomatoes", "max_length": 32, "build_tokenizer": True,
-                            "tokenizer_dir": str(root / "tokenizer"), "split_seed": 0, "max_rows": 200}}
+                            "split_seed": 0, "max_rows": 200}}
     out = root / name
     main(["fit", "-c", "recipes/loes/text_gpt2_loes.yaml", f"--data.init_args.source={json.dumps(source)}",
-          f"--data.init_args.cache_dir={root / 'cache'}", f"--data.init_args.backbone_dir={root / 'model'}",
+          f"--data.init_args.cache_dir={root / 'cache'}",
           "--data.init_args.progress=false", "--data.init_args.scores_path=null", "--trainer.max_epochs=2",
           "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
           "--tensorboard=false", f"--trainer.default_root_dir={out}"])

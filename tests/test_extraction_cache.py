@@ -3,6 +3,7 @@ across processes, length-bucketed extraction in row order, corrupt entries repor
 
 import os
 import re
+import shutil
 import warnings
 from functools import partial
 
@@ -27,9 +28,9 @@ from ripieno.framework.loes.features import (
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
     root = tmp_path_factory.mktemp("cache")
-    dm = TextDataModule(max_rows=120, build_tokenizer=True, vocab_size=300, max_length=24,
-                        tokenizer_dir=str(root / "tok"))
+    dm = TextDataModule(max_rows=120, build_tokenizer=True, vocab_size=300, max_length=24)
     dm.setup()
+    shutil.copytree(dm.spec.tokenizer_dir, root / "tok")  # built in ripieno's cache; a copy of the user's
     torch.manual_seed(0)
     BertModel(BertConfig(vocab_size=dm.spec.vocab_size, hidden_size=16, num_hidden_layers=2,
                          num_attention_heads=2, intermediate_size=32, max_position_embeddings=80,

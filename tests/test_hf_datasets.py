@@ -17,9 +17,8 @@ def _texts(n, offset=0):
 
 
 @pytest.fixture(scope="module")
-def tokenizer_dir(tmp_path_factory):
-    dm = TextDataModule(max_rows=100, build_tokenizer=True, vocab_size=300, tokenizer_dir=str(
-        tmp_path_factory.mktemp("tok") / "t"))
+def tokenizer_dir():
+    dm = TextDataModule(max_rows=100, build_tokenizer=True, vocab_size=300)
     dm.setup()
     return dm.spec.tokenizer_dir
 

@@ -116,10 +116,13 @@ def test_fusion_heads_train(tiny_bert, tmp_path, head):
     dm = _layer_dm(tiny_bert, tmp_path, selection="all" if head == "scalar_mix" else "loes")
     model = FusionClassifier(dm.spec, head=head, d_proj=16)
     trainer = L.Trainer(max_epochs=2, logger=False, enable_progress_bar=False, enable_checkpointing=False,
-                        enable_model_summary=False)
+                        enable_model_summary=False, default_root_dir=tmp_path / "run")
     trainer.fit(model, datamodule=dm)
     result = trainer.test(model, datamodule=dm, verbose=False)[0]
     assert 0.0 <= result["test/accuracy"] <= 1.0
+    # the score table of a selection goes into the run folder, once (fit and test share one run)
+    assert [p.name for p in (tmp_path / "run").glob("*.csv")] == ([] if head == "scalar_mix" else
+                                                                  ["selection_scores.csv"])
 
 
 def test_finetuning_pools_the_same_layers_live(tiny_bert, tmp_path):
@@ -139,6 +142,8 @@ def test_datamodule_reference_variant_and_embedding_output_candidates(tiny_bert,
     dm = _layer_dm(tiny_bert, tmp_path, variant="reference", alpha=1.0, gamma=0.5, eta=0.1,
                    calibration_rows=None, scores_path=str(scores))
     spec = dm.spec
+    assert not scores.exists()  # selection keeps the table; setup writes it (absolute: no Trainer needed)
+    dm.setup()
     assert dm.candidate_layers == [1, 2, 3] and 0 not in spec.selected_layers  # hidden_states[1:]
     result = dm.selection_result
     assert result.variant == "reference" and result.fused.dtype == torch.float32
@@ -159,7 +164,7 @@ def test_georeg_raises_isotropy_and_logs_it(tiny_bert, tmp_path):
         dm = _layer_dm(tiny_bert, tmp_path, selection="all")
         model = FusionClassifier(dm.spec, d_proj=16, lr=3e-3)
         trainer = L.Trainer(max_epochs=4, logger=False, enable_progress_bar=False, enable_checkpointing=False,
-                            enable_model_summary=False, callbacks=callbacks)
+                            enable_model_summary=False, callbacks=callbacks, default_root_dir=tmp_path)
         trainer.fit(model, datamodule=dm)
         return trainer.callback_metrics
 

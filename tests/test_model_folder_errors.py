@@ -148,9 +148,10 @@ def test_processor_configs_that_are_not_json_are_named(tmp_path):
 def _loes_args(root: Path, backbone: Path) -> list[str]:
     source = {"class_path": "ripieno.datamodules.TextDataModule",
               "init_args": {"dataset": "rotten_tomatoes", "max_length": 32, "build_tokenizer": True,
-                            "vocab_size": VOCAB, "tokenizer_dir": str(root / "tokenizer"), "max_rows": 120}}
+                            "vocab_size": VOCAB, "max_rows": 120}}
     return ["fit", "-c", "recipes/loes/text_gpt2_loes.yaml", f"--data.init_args.source={json.dumps(source)}",
-            f"--data.init_args.backbone_dir={backbone}", f"--data.init_args.cache_dir={root / 'cache'}",
+            f"--data.init_args.backbone_dir={backbone}", "--data.init_args.build_backbone=null",
+            f"--data.init_args.cache_dir={root / 'cache'}",
             "--data.init_args.progress=false", "--data.init_args.scores_path=null", "--tensorboard=false",
             f"--trainer.default_root_dir={root / 'run'}"]
 

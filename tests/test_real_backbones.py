@@ -19,22 +19,17 @@ def images(tmp_path_factory):
     return write_image_folder(tmp_path_factory.mktemp("img") / "pets", per_class=6)
 
 
-@pytest.fixture(scope="module")
-def backbone(tmp_path_factory):
-    return tmp_path_factory.mktemp("models") / "efficientnet_lite0"
-
-
-def _dm(images, backbone, tmp_path, **kwargs):
+def _dm(images, tmp_path, **kwargs):
+    """EfficientNet-Lite0, converted once into the session's cache folder (``convert_backbone``)."""
     source = BackboneImageDataModule(dataset="folder", root=str(images), val_size=0.25, test_size=0.25,
                                      eval_batch_size=8)
-    return LayerEmbeddingDataModule(source=source, backbone_dir=str(backbone),
-                                    convert_backbone="efficientnet_lite0", pooling="mean",
+    return LayerEmbeddingDataModule(source=source, convert_backbone="efficientnet_lite0", pooling="mean",
                                     cache_dir=str(tmp_path / "cache"), progress=False, device="cpu",
                                     eval_batch_size=8, calibration_rows=None, **kwargs)
 
 
-def test_loes_over_stages_of_different_widths(images, backbone, tmp_path):
-    dm = _dm(images, backbone, tmp_path, selection="loes", k=3, variant="reference")
+def test_loes_over_stages_of_different_widths(images, tmp_path):
+    dm = _dm(images, tmp_path, selection="loes", k=3, variant="reference")
     spec = dm.spec
     widths = [32, 16, 24, 40, 80, 112, 192, 320, 1280]
     assert spec.n_layers == 9 and spec.d_model == 1280
@@ -49,9 +44,9 @@ def test_loes_over_stages_of_different_widths(images, backbone, tmp_path):
     assert logits.shape == (len(batch["y"]), 3)
 
 
-def test_live_pooling_equals_the_cache(images, backbone, tmp_path):
-    cached = _dm(images, backbone, tmp_path, selection="last_k", k=2)
-    live = _dm(images, backbone, tmp_path, selection="last_k", k=2, finetune_backbone=True)
+def test_live_pooling_equals_the_cache(images, tmp_path):
+    cached = _dm(images, tmp_path, selection="last_k", k=2)
+    live = _dm(images, tmp_path, selection="last_k", k=2, finetune_backbone=True)
     model = FusionClassifier(live.spec, finetune_backbone=True).eval()
     rows = [0, 1, 2]
     source_batch = live.source._split("val").__getitems__(rows)
@@ -66,9 +61,9 @@ def test_scalar_mix_needs_one_width():
         LayerFusionHead(2, 8, 3, kind="scalar_mix", layer_dims=[8, 4])
 
 
-def test_convert_and_build_are_exclusive(images, backbone, tmp_path):
+def test_convert_and_build_are_exclusive(images, tmp_path):
     with pytest.raises(DataModuleError, match="not both"):
-        _dm(images, backbone, tmp_path, build_backbone="dinov2")
+        _dm(images, tmp_path, build_backbone="dinov2")
 
 
 def test_a_users_module_with_named_layers(images, tmp_path):

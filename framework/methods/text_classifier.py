@@ -32,7 +32,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 
-from ripieno.framework.errors import file_problem
+from ripieno.framework.errors import RipienoInputError, file_problem
 from ripieno.framework.methods.member_module import MemberModule
 from ripieno.framework.model_folder import ModelFolderError, check_model_folder
 from ripieno.framework.text_spec import TextSpec
@@ -40,6 +40,10 @@ from ripieno.framework.text_spec import TextSpec
 INPUT_KEYS = ("input_ids", "attention_mask")
 TextPooling = Literal["auto", "cls", "mean", "last"]
 TEXT_POOLINGS: tuple[str, ...] = ("auto", "cls", "mean", "last")
+
+
+class TextModelError(RipienoInputError):
+    """A ``TextClassifier`` setting that cannot work with this data (one line: the setting, why, the fix)."""
 
 
 def is_decoder_only(config: Any) -> bool:  # noqa: ANN401
@@ -75,10 +79,10 @@ def resolve_pooling(pooling: str, config: Any) -> str:  # noqa: ANN401
     """The pooling ``auto`` stands for with this config (module docstring); others pass through.
 
     Raises:
-        ValueError: for an unknown pooling name.
+        TextModelError: for an unknown pooling name (a ``ValueError``).
     """
     if pooling not in TEXT_POOLINGS:
-        raise ValueError(f"Unknown pooling {pooling!r}; choose one of {TEXT_POOLINGS}.")
+        raise TextModelError(f"Unknown pooling {pooling!r}; choose one of {TEXT_POOLINGS}.")
     if pooling != "auto":
         return pooling
     return "last" if is_decoder_only(config) else "cls"
@@ -174,7 +178,8 @@ class TextClassifier(MemberModule):
         spec = TextSpec.coerce(data_spec)
         data_spec = spec.to_dict()
         if pooling not in TEXT_POOLINGS:
-            raise ValueError(f"Unknown pooling {pooling!r}; choose one of {TEXT_POOLINGS}.")
+            raise TextModelError(f"Unknown pooling {pooling!r} (model.init_args.pooling); choose one of"
+                                 f" {TEXT_POOLINGS}.")
         self.save_hyperparameters()
         self.spec = spec
         if pretrained_dir is not None:
@@ -194,8 +199,11 @@ class TextClassifier(MemberModule):
                            " no pretrained GPT-2 weights exist offline.")
         config = self.backbone.config
         if config.vocab_size < spec.vocab_size:
-            raise ValueError(f"The model's vocabulary ({config.vocab_size}) is smaller than"
-                             f" the tokenizer's ({spec.vocab_size}); use the model's own tokenizer.")
+            raise TextModelError(file_problem(
+                pretrained_dir, f"the model's vocabulary ({config.vocab_size} tokens) is smaller than the"
+                f" tokenizer's ({spec.vocab_size} tokens, {spec.tokenizer_dir})", "use the model's own"
+                f" tokenizer: --data.init_args.tokenizer_dir={pretrained_dir}"
+                " --data.init_args.build_tokenizer=false"))
         self.pooling = resolve_pooling(pooling, config)
         self.dropout = nn.Dropout(dropout)
         self.head = nn.Linear(config.hidden_size, spec.n_classes)
