@@ -617,6 +617,9 @@ def main(args: list[str] | None = None) -> None:
     try:
         with quiet_cli_notices():
             RipienoCLI(args=args)
+    except KeyboardInterrupt:  # outside training (data preparation, the summary); inside, Lightning stops
+        raise SystemExit("ripieno: interrupted (Ctrl-C) outside training; files already written are whole"
+                         " (every output is written atomically).") from None
     except Exception as error:
         line = one_line_error(error)
         if line is None:

@@ -215,8 +215,15 @@ def test_out_of_memory_while_building_the_model_is_one_line(tmp_path):
 
 
 def test_ctrl_c_names_the_last_checkpoint_and_the_command_that_resumes(tmp_path):
+    (tmp_path / "no_early_stop.yaml").write_text(textwrap.dedent("""\
+        trainer:
+          callbacks:
+            - class_path: lightning.pytorch.callbacks.ModelCheckpoint
+              init_args: {monitor: val/nll, mode: min, save_last: true, filename: "best-{epoch:02d}"}
+        """))  # the run must still be training when Ctrl-C comes
     command = [sys.executable, "-m", "ripieno", "fit", "-c", "tabular/lometab_churn",
-               "--trainer.max_epochs=500",
+               "-c", "no_early_stop.yaml",
+               "--trainer.max_epochs=500", "--test_after_fit=false",
                "--trainer.default_root_dir=run", *SMALL]
     process = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
@@ -228,7 +235,7 @@ def test_ctrl_c_names_the_last_checkpoint_and_the_command_that_resumes(tmp_path)
     process.send_signal(signal.SIGINT)
     _, err = process.communicate(timeout=120)
     lines = err.strip().splitlines()
-    assert process.returncode == 1
+    assert process.returncode == 1, err[-3000:]
     assert lines[-2].startswith("ripieno: interrupted at epoch ") and lines[-2].endswith(
         f"Last checkpoint: run/{RUN}/checkpoints/last.ckpt")
     resume = lines[-1].removeprefix("ripieno: resume with: ripieno ").split()
