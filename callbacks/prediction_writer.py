@@ -17,7 +17,7 @@ import torch
 from lightning.pytorch.callbacks import BasePredictionWriter
 from typing_extensions import override
 
-from ripieno.framework.output_files import write_new_file
+from ripieno.framework.output_files import numbered_names, write_new_file
 
 
 class MemberPredictionWriter(BasePredictionWriter):
@@ -106,9 +106,7 @@ def _write_new_files(folder: Path, stem: str, outputs: dict[str, bytes | str]) -
     second ``predict`` into the same folder keeps the first one's files and writes
     ``predictions_1.pt`` / ``predictions_1.csv`` beside them.
     """
-    for n in range(100_000):
-        name = stem if n == 0 else f"{stem}_{n}"
-        if not any((folder / f"{name}{suffix}").exists() for suffix in outputs):
-            break
+    name = next(candidate.name for candidate in numbered_names(folder / stem)
+                if not any((folder / f"{candidate.name}{suffix}").exists() for suffix in outputs))
     return [write_new_file(folder / f"{name}{suffix}", data, what="the predictions")
             for suffix, data in outputs.items()]

@@ -82,7 +82,7 @@ from ripieno.framework.loes.small_models import (
 from ripieno.framework.loes.spec import LayerFeatureSpec
 from ripieno.framework.model_folder import check_model_folder
 from ripieno.framework.output_files import cache_dir as ripieno_cache_dir
-from ripieno.framework.output_files import write_new_file
+from ripieno.framework.output_files import numbered_names, write_new_file
 
 Selection = Literal["loes", "last_layer", "best_single", "last_k", "greedy_ridge", "exhaustive", "all",
                     "fixed"]
@@ -210,8 +210,7 @@ def _file_with(path: Path, text: str) -> Path | None:
         ('a_1.csv', None)
     """
     data = text.encode("utf-8")
-    for n in range(100_000):
-        candidate = path if n == 0 else path.with_name(f"{path.stem}_{n}{path.suffix}")
+    for candidate in numbered_names(path):
         if not candidate.is_file():
             return None
         if candidate.stat().st_size == len(data) and candidate.read_bytes() == data:

@@ -28,11 +28,10 @@ from __future__ import annotations
 
 import errno
 import re
-from collections.abc import Iterator
 
 import torch
 
-from ripieno.framework.errors import NonFiniteTrainingError, RipienoInputError, first_line
+from ripieno.framework.errors import NonFiniteTrainingError, RipienoInputError, exception_chain, first_line
 from ripieno.framework.output_files import os_error_message
 
 ENVIRONMENT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM,
@@ -44,7 +43,7 @@ _ALLOCATION = re.compile(r"tried to allocate (\d+) bytes|Tried to allocate ([\d.
 
 def one_line_error(error: BaseException) -> str | None:
     """The message to print for ``error`` without a traceback, or ``None`` (a bug: keep the traceback)."""
-    chain = list(_chain(error))
+    chain = list(exception_chain(error))
     for cause in chain:
         if isinstance(cause, RipienoInputError | NonFiniteTrainingError):
             return str(cause)
@@ -78,10 +77,3 @@ def _out_of_memory(error: BaseException, chain: list[BaseException]) -> str:
             " (e.g. --model.init_args.d_block, n_blocks or k, --data.init_args.batch_size) or run on a"
             " machine with more memory.")
 
-
-def _chain(error: BaseException | None) -> Iterator[BaseException]:
-    seen: set[int] = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        yield error
-        error = error.__cause__ or error.__context__

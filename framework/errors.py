@@ -16,6 +16,7 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from os import PathLike
 
 
@@ -59,3 +60,26 @@ class NonFiniteTrainingError(RuntimeError):
     Raised by ``ripieno.callbacks.NonFiniteGuard`` before the value can reach a checkpoint;
     the ``ripieno`` command prints it as its message alone.
     """
+
+
+def exception_chain(error: BaseException | None) -> Iterator[BaseException]:
+    """``error``, then its cause (or, without one, its context), and so on; each exception once.
+
+    jsonargparse and Lightning wrap or re-raise errors; the one a message is about may be
+    anywhere in the chain.
+
+    Example:
+        >>> try:
+        ...     try:
+        ...         raise OSError("disk")
+        ...     except OSError as inner:
+        ...         raise RuntimeError("wrapped") from inner
+        ... except RuntimeError as outer:
+        ...     [type(e).__name__ for e in exception_chain(outer)]
+        ['RuntimeError', 'OSError']
+    """
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        yield error
+        error = error.__cause__ or error.__context__

@@ -39,9 +39,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from ripieno.framework.errors import RipienoInputError, file_problem
+from ripieno.framework.errors import RipienoInputError, exception_chain, file_problem
 
 CACHE_VARIABLE = "RIPIENO_CACHE"
+MAX_NUMBERED = 100_000
+"""How many numbered names (``stem_N.suffix``) a new output tries before giving up."""
 PARTIAL_SUFFIX = ".partial"
 """Suffix of a file being written (``.<name>.<random>.partial``: hidden, never a checkpoint name)."""
 
@@ -170,10 +172,24 @@ def atomic_output(path: str | os.PathLike[str], mode: str = "wb", *, replace: bo
         raise
     except BaseException as error:
         _remove(temp)
-        refused = _os_error(error)  # torch.save reports a full disk as a RuntimeError of its zip writer
+        # torch.save reports a full disk as a RuntimeError of its zip writer, caused by the OSError
+        refused = next((e for e in exception_chain(error) if isinstance(e, OSError)), None)
         if refused is None:
             raise
         raise OutputWriteError(os_error_message(refused, target, what)) from error
+
+
+def numbered_names(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """``path``, then ``stem_1.suffix``, ``stem_2.suffix``, ...: the names a new output may take.
+
+    Example:
+        >>> [p.name for p, _ in zip(numbered_names("out/predictions.csv"), range(3))]
+        ['predictions.csv', 'predictions_1.csv', 'predictions_2.csv']
+    """
+    target = Path(path)
+    yield target
+    for n in range(1, MAX_NUMBERED):
+        yield target.with_name(f"{target.stem}_{n}{target.suffix}")
 
 
 def write_new_file(path: str | os.PathLike[str], data: bytes | str, *, what: str = "the output") -> Path:
@@ -184,15 +200,14 @@ def write_new_file(path: str | os.PathLike[str], data: bytes | str, *, what: str
     """
     target = Path(path)
     mode = "w" if isinstance(data, str) else "wb"
-    for n in range(0, 100_000):
-        candidate = target if n == 0 else target.with_name(f"{target.stem}_{n}{target.suffix}")
+    for candidate in numbered_names(target):
         try:
             with atomic_output(candidate, mode, replace=False, what=what) as file:
                 file.write(data)
             return candidate
         except FileExistsError:
             continue
-    raise OutputWriteError(file_problem(target, "has 100000 numbered siblings already",
+    raise OutputWriteError(file_problem(target, f"has {MAX_NUMBERED} numbered siblings already",
                                         "choose another output folder"))
 
 
@@ -221,17 +236,6 @@ def _sync_folder(folder: Path) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
-
-
-def _os_error(error: BaseException | None) -> OSError | None:
-    """The ``OSError`` in ``error``'s chain (itself, its cause or context), if any."""
-    seen: set[int] = set()
-    while error is not None and id(error) not in seen:
-        if isinstance(error, OSError):
-            return error
-        seen.add(id(error))
-        error = error.__cause__ or error.__context__
-    return None
 
 
 def _remove(path: Path) -> None:
