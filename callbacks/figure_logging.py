@@ -32,7 +32,7 @@ from torchmetrics.classification import MulticlassCalibrationError
 from torchmetrics.utilities import dim_zero_cat
 
 from ripieno.framework.metrics.reliability import reliability_figure
-from ripieno.framework.output_files import write_new_file
+from ripieno.framework.outputs.output_files import write_new_file
 
 
 def figure_rgb(figure: Figure) -> np.ndarray:

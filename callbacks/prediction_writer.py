@@ -17,7 +17,7 @@ import torch
 from lightning.pytorch.callbacks import BasePredictionWriter
 from typing_extensions import override
 
-from ripieno.framework.output_files import numbered_names, write_new_file
+from ripieno.framework.outputs.output_files import numbered_names, write_new_file
 
 
 class MemberPredictionWriter(BasePredictionWriter):

@@ -9,8 +9,8 @@ from ripieno.datamodules.tabular_sources import SOURCES
 from ripieno.datamodules.teacher_student import TeacherStudentDataModule
 from ripieno.datamodules.text import TextDataError, TextDataModule
 from ripieno.datamodules.vision_backbone import BackboneDataSpec, BackboneImageDataModule
-from ripieno.framework.image_spec import ImageSpec
-from ripieno.framework.text_spec import TextSpec
+from ripieno.framework.specs.image import ImageSpec
+from ripieno.framework.specs.text import TextSpec
 
 __all__ = [
     "AudioDataError",

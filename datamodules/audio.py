@@ -60,8 +60,8 @@ from ripieno.datamodules.vision_backbone import (
     check_source_choice,
     resolve_model_dir,
 )
-from ripieno.framework.model_folder import json_object
-from ripieno.framework.output_files import cache_dir as ripieno_cache_dir
+from ripieno.framework.backbones.model_folder import json_object
+from ripieno.framework.outputs.output_files import cache_dir as ripieno_cache_dir
 
 DIGIT_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 DEFAULT_VOICES = ("en-us+m1", "en-us+m3", "en-us+m5", "en-us+m7", "en-us+f1", "en-us+f2", "en-us+f3",
@@ -435,7 +435,7 @@ class AudioDataModule(SplitDataModule):
         root: the audio folder ``root/<class>/*.wav`` for ``folder``; a copy of the asterisk
             prompts for ``asterisk_digits``; unused for ``spoken_digits``.
         model_dir: local folder of the backbone with its ``preprocessor_config.json``
-            (``ripieno.framework.loes.small_models.build_small_wav2vec2`` builds a random one).
+            (``ripieno.framework.backbones.small_models.build_small_wav2vec2`` builds a random one).
         test_dataset: optional test source replacing the carved test split: a shipped
             name (e.g. ``asterisk_digits`` with ``dataset: spoken_digits``) or an audio
             folder path; its clips are labelled by class name, those of unknown classes

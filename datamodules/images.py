@@ -39,7 +39,7 @@ from torch.utils.data import DataLoader
 
 from ripieno.datamodules.base import BatchDataset, DataModuleError, SplitDataModule
 from ripieno.datamodules.splits import check_split_args, seeded_splits
-from ripieno.framework.image_spec import ImageSpec
+from ripieno.framework.specs.image import ImageSpec
 
 FASHION_MNIST_DEBIAN_ROOT = "/usr/share/datasets/fashion-mnist"
 FASHION_MNIST_CLASSES = ["T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt",

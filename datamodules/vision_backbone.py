@@ -12,7 +12,7 @@ Preprocessing is the model's own, read from ``model_dir`` (nothing is downloaded
 * a timm folder (``timm.models.save_for_hf``: ``config.json`` with ``pretrained_cfg``),
   through ``timm.data.resolve_data_config`` and ``create_transform``.
 
-``ripieno.framework.loes.small_models`` writes small random folders of both kinds.
+``ripieno.framework.backbones.small_models`` writes small random folders of both kinds.
 
 Images come from the shipped sets of ``ripieno.datamodules.images`` (``fashion_mnist``,
 ``mnist_5k``, ``digits``, or any of its ``SOURCES`` with a local root), grey images
@@ -43,12 +43,12 @@ from ripieno.datamodules.hf_datasets import SplitPolicy, is_saved_dataset, load_
 from ripieno.datamodules.images import SOURCES as IMAGE_SOURCES
 from ripieno.datamodules.images import ImageDataError, MissingImageDataError, load_source
 from ripieno.datamodules.splits import check_split_args, official_split_rows, seeded_splits
-from ripieno.framework.model_folder import json_object
+from ripieno.framework.backbones.model_folder import json_object
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".webp")
 FOLDER = "folder"
 BUILD_HINT = ("build a small random one with"
-              " `python -m ripieno.framework.loes.small_models {kind} <dir>` (tests,"
+              " `python -m ripieno.framework.backbones.small_models {kind} <dir>` (tests,"
               " plumbing), or save real weights on a machine with internet:"
               " `AutoModel.from_pretrained(name).save_pretrained(dir)` and the same for its {processor}")
 
@@ -387,7 +387,7 @@ class BackboneImageDataModule(SplitDataModule):
             source, its files' folder as in ``ImageDataModule``.
         model_dir: local folder of the backbone with its image preprocessing (Hugging
             Face ``save_pretrained`` with ``preprocessor_config.json``, or timm
-            ``save_for_hf``); ``ripieno.framework.loes.small_models`` builds random ones.
+            ``save_for_hf``); ``ripieno.framework.backbones.small_models`` builds random ones.
         data_files: local images for ``datasets.load_dataset("imagefolder", data_files=...)``
             (labels from parent folder names); ``dataset`` may instead be a ``save_to_disk``
             folder with an ``Image`` column. Images are decoded by PIL when a batch needs them.

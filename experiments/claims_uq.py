@@ -61,7 +61,7 @@ from ripieno.callbacks import (
     MCDropoutSampler,
     SWAGSampler,
 )
-from ripieno.framework.recipes import find_recipe
+from ripieno.framework.cli.recipes import find_recipe
 
 RECIPE = "uq/dnn_glm_lenet_fashion_mnist_reference"
 #: The reference's amended results on LeNet / Fashion-MNIST: (VARROC-ID, VARROC-OOD).

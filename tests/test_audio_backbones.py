@@ -16,8 +16,9 @@ from transformers import (
 
 from ripieno.datamodules import LayerEmbeddingDataModule
 from ripieno.datamodules.audio import AudioDataModule
+from ripieno.framework.backbones.loading import load_pretrained_backbone
 from ripieno.framework.cli import main
-from ripieno.framework.loes.features import extract_layer_embeddings, load_pretrained_backbone
+from ripieno.framework.loes.extraction import extract_layer_embeddings
 
 RECIPE = "recipes/loes/audio_wav2vec2_loes.yaml"
 

@@ -1,7 +1,7 @@
 """Backbone datamodules: model-input batches, the model's own preprocessing (oracle), splits, errors.
 
 Tiny random DINOv2 / timm ViT / Wav2Vec2 folders are built into temporary directories with
-``ripieno.framework.loes.small_models``, through the same ``save_pretrained`` path real weights take.
+``ripieno.framework.backbones.small_models``, through the same ``save_pretrained`` path real weights take.
 """
 
 import math
@@ -30,7 +30,7 @@ from ripieno.datamodules.vision_backbone import (
     ImageDataError,
     MissingImageDataError,
 )
-from ripieno.framework.loes.small_models import (
+from ripieno.framework.backbones.small_models import (
     build_small_dinov2,
     build_small_timm_dinov2,
     build_small_wav2vec2,

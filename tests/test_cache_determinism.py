@@ -20,7 +20,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from ripieno.framework.cli import main
-from ripieno.framework.loes.features import extract_layer_embeddings, rng_untouched
+from ripieno.framework.loes.extraction import extract_layer_embeddings, rng_untouched
 
 
 def _rng_states() -> tuple:

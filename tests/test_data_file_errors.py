@@ -18,7 +18,7 @@ from ripieno.datamodules.tabular import read_table
 from ripieno.datamodules.text import load_table
 from ripieno.framework.checkpoint_file import CheckpointFileError
 from ripieno.framework.cli import main
-from ripieno.framework.tabular_preprocessing import TabularPreprocessor
+from ripieno.framework.specs.tabular_preprocessing import TabularPreprocessor
 
 LATIN1_ROWS = ["text,label", "a fine caf\xe9,pos", "na\xefve and dull,neg", "cr\xe8me br\xfbl\xe9e,pos"]
 

@@ -9,7 +9,7 @@ from transformers import BertConfig, BertModel
 from ripieno.callbacks import ElasticAveraging, GeoReg, ReplicaCoupling, RoutingResampler
 from ripieno.datamodules import ImageDataModule, LayerEmbeddingDataModule, TextDataModule
 from ripieno.framework import FusionClassifier, MCoverClassifier
-from ripieno.framework.loes.features import minilm_dir
+from ripieno.framework.backbones.loading import minilm_dir
 
 
 class _GatherState(L.Callback):

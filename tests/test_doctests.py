@@ -23,7 +23,7 @@ def _modules() -> list[str]:
 
 
 def test_the_packages_are_found():
-    assert ripieno is not None and "ripieno.framework.sklearn_state" in _modules()
+    assert ripieno is not None and "ripieno.framework.specs.sklearn_state" in _modules()
 
 
 @pytest.mark.parametrize("name", _modules())

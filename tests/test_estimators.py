@@ -15,7 +15,7 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 from sklearn.utils.estimator_checks import check_estimator
 
-from ripieno.framework.estimators import ADAPTERS, EnsembleClassifier, EnsembleRegressor
+from ripieno.framework.methods.estimators import ADAPTERS, EnsembleClassifier, EnsembleRegressor
 
 SUBSET_INVARIANCE = ("float32 matrix products differ in the last bits with the batch's size, so a row's"
                      " prediction can move by ~1e-6 relative when predicted in a smaller batch")

@@ -17,12 +17,9 @@ from transformers import BertConfig, BertModel
 import ripieno.datamodules.layer_embeddings as layer_embeddings
 import ripieno.datamodules.text as text_module
 from ripieno.datamodules import LayerEmbeddingDataModule, TextDataModule
-from ripieno.framework.loes.features import (
-    CHECKSUM_KEY,
-    cached_layer_embeddings,
-    extract_layer_embeddings,
-    load_pretrained_backbone,
-)
+from ripieno.framework.backbones.loading import load_pretrained_backbone
+from ripieno.framework.loes.extraction import extract_layer_embeddings
+from ripieno.framework.loes.feature_cache import CHECKSUM_KEY, cached_layer_embeddings
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +128,7 @@ def test_a_callable_model_needs_an_id(tmp_path):
 def test_cli_extraction_bar_follows_the_trainers():
     from jsonargparse import Namespace
 
-    from ripieno.framework.cli import _data_progress_follows_trainer
+    from ripieno.framework.cli.command import _data_progress_follows_trainer
 
     for enabled, expected in ((False, False), (True, True), (None, True)):
         config = Namespace(data=Namespace(init_args=Namespace(progress=None)),

@@ -25,14 +25,14 @@ from transformers import BertConfig, BertModel, BertTokenizerFast
 
 from ripieno.datamodules import TextDataModule
 from ripieno.datamodules.text import TextDataError, bpe_tokenizer_record, cached_bpe_tokenizer
-from ripieno.framework.cli import main
-from ripieno.framework.generated_folders import MARKER, build_once, generated_dir, publish_once
-from ripieno.framework.loes.small_models import (
+from ripieno.framework.backbones.small_models import (
     SMALL_BACKBONE_SETTINGS,
     build_small_wav2vec2,
     cached_small_backbone,
     small_backbone_record,
 )
+from ripieno.framework.cli import main
+from ripieno.framework.outputs.generated_folders import MARKER, build_once, generated_dir, publish_once
 
 WORDS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"the a film is good bad movie great plot and".split(),
          *"abcdefghijklmnopqrstuvwxyz"]

@@ -9,13 +9,9 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from ripieno.framework.loes.features import (
-    cached_layer_embeddings,
-    extract_layer_embeddings,
-    folder_fingerprint,
-    hidden_states,
-    load_pretrained_backbone,
-)
+from ripieno.framework.backbones.loading import load_pretrained_backbone
+from ripieno.framework.loes.extraction import extract_layer_embeddings, hidden_states
+from ripieno.framework.loes.feature_cache import cached_layer_embeddings, folder_fingerprint
 
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.(save|load)` is deprecated:FutureWarning")
 

@@ -101,7 +101,7 @@ def test_bad_sources_name_the_fix(tmp_path):
 
 # ---------------------------------------------------------------------------------- audio
 def _wav2vec2(tmp_path):
-    from ripieno.framework.loes.small_models import build_small_wav2vec2
+    from ripieno.framework.backbones.small_models import build_small_wav2vec2
 
     return str(build_small_wav2vec2(tmp_path / "w2v"))
 
@@ -208,7 +208,7 @@ def test_imagefolder_files_and_saved_images_keep_official_splits(tmp_path):
     from test_backbone_datamodules import write_image_folder
 
     from ripieno.datamodules.vision_backbone import BackboneImageDataModule, ImagePreprocessor
-    from ripieno.framework.loes.small_models import build_small_dinov2
+    from ripieno.framework.backbones.small_models import build_small_dinov2
 
     model_dir = str(build_small_dinov2(tmp_path / "dino", image_size=28, num_layers=1, hidden_size=16,
                                        num_heads=2))

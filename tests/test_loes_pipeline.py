@@ -12,7 +12,9 @@ from transformers import BertConfig, BertModel
 from ripieno.callbacks import GeoReg
 from ripieno.datamodules import TextDataModule
 from ripieno.datamodules.layer_embeddings import LayerEmbeddingDataModule
-from ripieno.framework.loes.features import cached_layer_embeddings, extract_layer_embeddings, minilm_dir
+from ripieno.framework.backbones.loading import minilm_dir
+from ripieno.framework.loes.extraction import extract_layer_embeddings
+from ripieno.framework.loes.feature_cache import cached_layer_embeddings
 from ripieno.framework.loes.fusion import FusionClassifier
 from ripieno.framework.loes.geometry_loss import centroid_log_volume, isotropy
 
@@ -187,8 +189,9 @@ def test_georeg_term_is_float32_under_bf16_autocast():
 
 
 def test_timm_vit_hidden_states_match_a_manual_block_loop(tmp_path):
-    from ripieno.framework.loes.features import hidden_states, load_pretrained_backbone
-    from ripieno.framework.loes.small_models import build_small_timm_dinov2
+    from ripieno.framework.backbones.loading import load_pretrained_backbone
+    from ripieno.framework.backbones.small_models import build_small_timm_dinov2
+    from ripieno.framework.loes.extraction import hidden_states
 
     model = load_pretrained_backbone(build_small_timm_dinov2(tmp_path / "timm")).eval()
     x = torch.randn(2, 3, 56, 56)

@@ -20,12 +20,12 @@ from transformers import (
 
 from ripieno.framework import TabularEnsembleModule
 from ripieno.framework.cli import main
-from ripieno.framework.optimizer_config import (
+from ripieno.framework.cli.optimizer_config import (
     OptimizerConfigError,
     attach_optimizer_config,
     scheduler_interval,
 )
-from ripieno.framework.schedules import ScheduleError, WarmupCosineLR, WarmupLinearLR
+from ripieno.framework.methods.schedules import ScheduleError, WarmupCosineLR, WarmupLinearLR
 
 SMALL = ["--data.init_args.max_rows=300", "--data.init_args.batch_size=32", "--model.init_args.k=2",
          "--model.init_args.d_block=16", "--trainer.max_epochs=2", "--trainer.log_every_n_steps=1",
@@ -248,7 +248,7 @@ def test_the_shipped_schedules_are_found_by_their_short_name(capsys):
         main(["fit", "-c", "tabular/lometab_churn", "--lr_scheduler=WarmupLinearLR",
               "--lr_scheduler.warmup_steps=5", "--print_config"])
     printed = yaml.safe_load(capsys.readouterr().out)
-    assert printed["lr_scheduler"]["class_path"] == "ripieno.framework.schedules.WarmupLinearLR"
+    assert printed["lr_scheduler"]["class_path"] == "ripieno.framework.methods.schedules.WarmupLinearLR"
     assert printed["lr_scheduler"]["init_args"]["warmup_steps"] == 5
 
 

@@ -13,7 +13,7 @@ from ripieno.datamodules.base import collate_batch
 from ripieno.datamodules.tabular import TabularTensorDataset
 from ripieno.framework.methods import TabularEnsembleModule
 from ripieno.framework.methods.member_selection import choose_members, ensemble_score, subset_members
-from ripieno.framework.tabular_spec import TabularSpec
+from ripieno.framework.specs.tabular import TabularSpec
 
 SPEC = TabularSpec(task="multiclass", n_num_features=3, n_classes=3, cat_cardinalities=[4],
                    bins=[[0.0, 0.5, 1.0]] * 3)

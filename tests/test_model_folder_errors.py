@@ -14,16 +14,16 @@ from transformers import GPT2Config, GPT2Model
 from ripieno.datamodules.audio import AudioDataError, load_feature_extractor
 from ripieno.datamodules.images import ImageDataError
 from ripieno.datamodules.vision_backbone import load_image_preprocessor
-from ripieno.framework.cli import main
-from ripieno.framework.errors import RipienoInputError
-from ripieno.framework.loes.features import BACKBONE_FIX, load_pretrained_backbone
-from ripieno.framework.methods.text_classifier import PRETRAINED_FIX, TextClassifier
-from ripieno.framework.model_folder import (
+from ripieno.framework.backbones.loading import BACKBONE_FIX, load_pretrained_backbone
+from ripieno.framework.backbones.model_folder import (
     MissingModelFolderError,
     ModelFolderError,
     check_model_folder,
 )
-from ripieno.framework.text_spec import TextSpec
+from ripieno.framework.cli import main
+from ripieno.framework.errors import RipienoInputError
+from ripieno.framework.methods.text_classifier import PRETRAINED_FIX, TextClassifier
+from ripieno.framework.specs.text import TextSpec
 
 FIX = "save the model there again"
 VOCAB = 300
@@ -134,7 +134,7 @@ def test_a_truncated_pytorch_bin_is_named(tmp_path):
 
 
 def test_processor_configs_that_are_not_json_are_named(tmp_path):
-    from ripieno.framework.loes.small_models import build_small_dinov2, build_small_wav2vec2
+    from ripieno.framework.backbones.small_models import build_small_dinov2, build_small_wav2vec2
 
     for build, load, error in ((build_small_wav2vec2, load_feature_extractor, AudioDataError),
                                (build_small_dinov2, load_image_preprocessor, ImageDataError)):

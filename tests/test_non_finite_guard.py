@@ -14,7 +14,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from torch.utils.data import DataLoader, TensorDataset
 
 from ripieno.callbacks import NonFiniteGuard
-from ripieno.framework.cli import main, refuse_non_finite_best
+from ripieno.framework.cli import main
+from ripieno.framework.cli.command import refuse_non_finite_best
 from ripieno.framework.errors import NonFiniteTrainingError
 
 HERE = Path(__file__).resolve()

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from ripieno.framework.recipes import list_recipes
+from ripieno.framework.cli.recipes import list_recipes
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = ("pyproject.toml", "README.md", "src", "framework", "callbacks", "datamodules", "recipes")

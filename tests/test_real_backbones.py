@@ -67,7 +67,7 @@ def test_convert_and_build_are_exclusive(images, tmp_path):
 
 
 def test_a_users_module_with_named_layers(images, tmp_path):
-    from ripieno.framework.loes.small_models import build_small_dinov2
+    from ripieno.framework.backbones.small_models import build_small_dinov2
 
     processor_dir = build_small_dinov2(tmp_path / "proc", image_size=28, num_layers=1, hidden_size=16,
                                        num_heads=2)  # only its image processor (resize to 28) is used
@@ -104,7 +104,7 @@ def test_ddp_spawn_runs_the_backbone_once(images, tmp_path):
     import lightning as L
     from ddp_helpers import CountingCNN, DestroyGlooAtExit
 
-    from ripieno.framework.loes.small_models import build_small_dinov2
+    from ripieno.framework.backbones.small_models import build_small_dinov2
 
     processor_dir = build_small_dinov2(tmp_path / "proc", image_size=28, num_layers=1, hidden_size=16,
                                        num_heads=2)

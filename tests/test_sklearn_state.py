@@ -10,7 +10,7 @@ import torch
 from sklearn.impute import SimpleImputer
 from sklearn.preprocessing import OrdinalEncoder, QuantileTransformer, StandardScaler
 
-from ripieno.framework.sklearn_state import fitted_state, restore_fitted
+from ripieno.framework.specs.sklearn_state import fitted_state, restore_fitted
 
 
 def _numbers(seed: int = 0, n: int = 200) -> np.ndarray:

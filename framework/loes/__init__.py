@@ -8,13 +8,9 @@ caches per-layer embeddings, ``fusion`` holds the fusion head and ``FusionClassi
 ``geometry_loss`` GeoReg's differentiable terms.
 """
 
-from ripieno.framework.loes.features import (
-    POOLINGS,
-    cached_layer_embeddings,
-    extract_layer_embeddings,
-    load_pretrained_backbone,
-    minilm_dir,
-)
+from ripieno.framework.backbones.loading import load_pretrained_backbone, minilm_dir
+from ripieno.framework.loes.extraction import POOLINGS, extract_layer_embeddings
+from ripieno.framework.loes.feature_cache import cached_layer_embeddings
 from ripieno.framework.loes.geometry import (
     Residualizer,
     RidgeFit,

@@ -20,17 +20,12 @@ from typing import Any, Literal
 import torch
 from torch import Tensor, nn
 
-from ripieno.framework.loes.features import (
-    _frame_mask,
-    hidden_states,
-    load_pretrained_backbone,
-    pool,
-    stack_padded,
-)
+from ripieno.framework.backbones.loading import load_pretrained_backbone
+from ripieno.framework.loes.extraction import _frame_mask, hidden_states, pool, stack_padded
 from ripieno.framework.loes.scalar_mix import ScalarMix
-from ripieno.framework.loes.spec import LayerFeatureSpec
 from ripieno.framework.members import PredictOutput, StepOutput, member_probabilities
 from ripieno.framework.methods.member_module import MemberModule
+from ripieno.framework.specs.layer_features import LayerFeatureSpec
 
 HeadKind = Literal["fusion", "scalar_mix", "linear"]
 

@@ -46,7 +46,6 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor, nn
 from torchmetrics import Metric, MetricCollection
 
-from ripieno.framework.image_spec import ImageSpec
 from ripieno.framework.mcover.collapse import CollapseRule, CopyScores, best_copy_index, check_collapse_rule
 from ripieno.framework.mcover.kernels import KernelKind, make_kernel
 from ripieno.framework.mcover.permutations import MAX_EXACT_M, PermutationBank, SamplerKind
@@ -54,6 +53,7 @@ from ripieno.framework.mcover.routed_mlp import Activation, Head, RoutedMLP, cop
 from ripieno.framework.members import PredictOutput, StepOutput
 from ripieno.framework.methods.member_module import MemberModule
 from ripieno.framework.metrics.uq import PredictiveNLL
+from ripieno.framework.specs.image import ImageSpec
 
 Routing = Literal["exact", "block_message"]
 

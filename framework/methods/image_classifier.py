@@ -12,8 +12,8 @@ from typing import Any, Literal
 
 from torch import Tensor, nn
 
-from ripieno.framework.image_spec import ImageSpec
 from ripieno.framework.methods.member_module import MemberModule
+from ripieno.framework.specs.image import ImageSpec
 
 Backbone = Literal["cnn", "mlp", "lenet"]
 

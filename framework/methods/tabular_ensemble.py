@@ -44,7 +44,7 @@ from ripieno.framework.nn.ensemble_linear import (
     ScalingInit,
 )
 from ripieno.framework.nn.tabular_backbone import AdapterLayers, TabularEnsembleNet
-from ripieno.framework.tabular_spec import TabularSpec
+from ripieno.framework.specs.tabular import TabularSpec
 
 
 class TabularEnsembleModule(TabularPredictionMixin, MemberModule):

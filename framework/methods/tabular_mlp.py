@@ -20,7 +20,7 @@ from ripieno.framework.members import member_output_kind_of_task
 from ripieno.framework.methods.member_module import MemberModule
 from ripieno.framework.methods.tabular_prediction import TabularPredictionMixin
 from ripieno.framework.nn.embeddings import OneHotEncoding
-from ripieno.framework.tabular_spec import TabularSpec
+from ripieno.framework.specs.tabular import TabularSpec
 
 
 class TabularMLP(TabularPredictionMixin, MemberModule):

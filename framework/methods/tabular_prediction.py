@@ -7,9 +7,9 @@ import torch
 from torch import Tensor
 
 from ripieno.framework.members import member_predictions
-from ripieno.framework.prediction_table import insert_ids, prediction_table
-from ripieno.framework.tabular_preprocessing import TabularPreprocessor
-from ripieno.framework.tabular_spec import TabularSpec
+from ripieno.framework.outputs.prediction_table import insert_ids, prediction_table
+from ripieno.framework.specs.tabular import TabularSpec
+from ripieno.framework.specs.tabular_preprocessing import TabularPreprocessor
 
 ROW_ID = "row"
 """Name of the id column when the table has no ``id_column``: the row's position."""

@@ -32,10 +32,10 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 
+from ripieno.framework.backbones.model_folder import ModelFolderError, check_model_folder
 from ripieno.framework.errors import RipienoInputError, file_problem
 from ripieno.framework.methods.member_module import MemberModule
-from ripieno.framework.model_folder import ModelFolderError, check_model_folder
-from ripieno.framework.text_spec import TextSpec
+from ripieno.framework.specs.text import TextSpec
 
 INPUT_KEYS = ("input_ids", "attention_mask")
 TextPooling = Literal["auto", "cls", "mean", "last"]
@@ -118,7 +118,7 @@ PRETRAINED_FIX = ("give pretrained_dir a complete folder written by a Hugging Fa
 def load_text_backbone(pretrained_dir: str) -> nn.Module:
     """``AutoModel`` from a local ``save_pretrained`` folder, with errors that name the fix.
 
-    The folder is checked first (``ripieno.framework.model_folder.check_model_folder``), so one
+    The folder is checked first (``ripieno.framework.backbones.model_folder.check_model_folder``), so one
     that cannot load fails with one line naming it, the problem and the fix.
 
     Raises:

@@ -16,7 +16,7 @@ from matplotlib.figure import Figure
 from torch import Tensor
 from torchmetrics.functional.classification import multiclass_calibration_error
 
-from ripieno.framework.output_files import atomic_output
+from ripieno.framework.outputs.output_files import atomic_output
 
 
 def reliability_diagram(

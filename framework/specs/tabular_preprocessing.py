@@ -4,7 +4,7 @@ Fitted once on the training split with scikit-learn's transformers (``SimpleImpu
 ``QuantileTransformer`` or ``StandardScaler``, ``OrdinalEncoder`` with an unknown bucket)
 and saved as plain Python inside the model's ``TabularSpec`` (``spec.preprocessing``), so a
 checkpoint alone turns new rows into model inputs: ``weights_only=True`` loading works and
-nothing is pickled (``ripieno.framework.sklearn_state``).
+nothing is pickled (``ripieno.framework.specs.sklearn_state``).
 
 Rules, all decided on the training split:
 
@@ -31,7 +31,7 @@ from sklearn.impute import SimpleImputer
 from sklearn.preprocessing import OrdinalEncoder, QuantileTransformer, StandardScaler
 
 from ripieno.framework.errors import RipienoInputError
-from ripieno.framework.sklearn_state import fitted_state, restore_fitted
+from ripieno.framework.specs.sklearn_state import fitted_state, restore_fitted
 
 MissingPolicy = Literal["error", "impute"]
 NumericTransform = Literal["quantile_normal", "standard", "none"]

@@ -24,7 +24,7 @@ What cannot work stops before training with one line (``OptimizerConfigError``).
 Example:
     >>> import lightning as L
     >>> import torch
-    >>> from ripieno.framework.optimizer_config import attach_optimizer_config
+    >>> from ripieno.framework.cli.optimizer_config import attach_optimizer_config
     >>> class Tiny(L.LightningModule):
     ...     def __init__(self) -> None:
     ...         super().__init__()
@@ -58,7 +58,7 @@ from torch.optim.lr_scheduler import CyclicLR, OneCycleLR
 from torch.optim.lr_scheduler import ReduceLROnPlateau as TorchReduceLROnPlateau
 
 from ripieno.framework.errors import RipienoInputError
-from ripieno.framework.schedules import WarmupCosineLR, WarmupLinearLR
+from ripieno.framework.methods.schedules import WarmupCosineLR, WarmupLinearLR
 
 Interval = Literal["auto", "step", "epoch"]
 STEP_SCHEDULERS: tuple[type, ...] = (WarmupCosineLR, WarmupLinearLR, OneCycleLR, CyclicLR)

@@ -7,7 +7,7 @@ folder, with or without ``.yaml`` (``tabular/lometab_churn``); its description i
 comment line.
 
 Example:
-    >>> from ripieno.framework.recipes import find_recipe
+    >>> from ripieno.framework.cli.recipes import find_recipe
     >>> find_recipe("tabular/lometab_churn").name
     'lometab_churn.yaml'
 """
@@ -19,7 +19,7 @@ import re
 from pathlib import Path
 from typing import NamedTuple
 
-RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
+RECIPES_DIR = Path(__file__).resolve().parents[2] / "recipes"
 """Where the shipped recipes are: ``recipes/`` in a checkout, ``ripieno/recipes`` when installed."""
 
 SUFFIXES = (".yaml", ".yml")

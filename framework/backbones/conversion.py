@@ -3,7 +3,7 @@
 A converter (``convert_efficientnet``, ``convert_whisper``, ``convert_dinov2``) describes its
 source in a ``conversion_record()`` (packages, versions, the weights' SHA-256, the output
 format) and writes the converted folder with a ``write(folder)`` function;
-``publish_once`` (``ripieno.framework.generated_folders``, shared with every folder ripieno
+``publish_once`` (``ripieno.framework.outputs.generated_folders``, shared with every folder ripieno
 generates) does the rest: a finished folder whose marker (``ripieno_generated.json``,
 written last) holds the same record is kept as it is; otherwise the folder is built under a
 temporary name beside the target and renamed into place, and a file lock beside it makes
@@ -17,9 +17,9 @@ import functools
 import hashlib
 from pathlib import Path
 
-from ripieno.framework.generated_folders import MARKER as MARKER  # re-exported: the marker file name
-from ripieno.framework.generated_folders import finished_record as finished_record
-from ripieno.framework.generated_folders import publish_once as publish_once
+from ripieno.framework.outputs.generated_folders import MARKER as MARKER  # re-exported: the marker file name
+from ripieno.framework.outputs.generated_folders import finished_record as finished_record
+from ripieno.framework.outputs.generated_folders import publish_once as publish_once
 
 
 def sha256_file(path: str | Path) -> str:

@@ -34,7 +34,12 @@ from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 from typing_extensions import override
 
 from ripieno.framework.errors import RipienoInputError, file_problem
-from ripieno.framework.output_files import OutputWriteError, atomic_output, os_error_message, write_new_file
+from ripieno.framework.outputs.output_files import (
+    OutputWriteError,
+    atomic_output,
+    os_error_message,
+    write_new_file,
+)
 
 VERSION_FOLDER = re.compile(r"version_(\d+)")
 FILE_LOGGERS = (CSVLogger, TensorBoardLogger)

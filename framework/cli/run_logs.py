@@ -36,7 +36,7 @@ from lightning.pytorch.loggers import CSVLogger, Logger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from typing_extensions import override
 
-from ripieno.framework.output_files import atomic_output
+from ripieno.framework.outputs.output_files import atomic_output
 
 EVENTS_PREFIX = "events.out.tfevents."
 

@@ -34,7 +34,7 @@ from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from typing_extensions import override
 
-from ripieno.framework.output_files import atomic_output
+from ripieno.framework.outputs.output_files import atomic_output
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):

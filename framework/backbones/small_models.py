@@ -12,13 +12,13 @@ Their features carry no pretrained knowledge; every builder says so when it runs
 ``cached_small_backbone(kind)`` builds the small models of ``SMALL_BACKBONE_SETTINGS`` (what
 ``LayerEmbeddingDataModule(build_backbone=...)`` uses) once into ripieno's cache folder, in a
 folder named after the kind, its settings and its seed
-(``ripieno.framework.generated_folders``).
+(``ripieno.framework.outputs.generated_folders``).
 
 Command line::
 
-    python -m ripieno.framework.loes.small_models dinov2 models/dinov2-random
-    python -m ripieno.framework.loes.small_models wav2vec2 models/wav2vec2-random
-    python -m ripieno.framework.loes.small_models timm_dinov2 models/timm-dinov2-random
+    python -m ripieno.framework.backbones.small_models dinov2 models/dinov2-random
+    python -m ripieno.framework.backbones.small_models wav2vec2 models/wav2vec2-random
+    python -m ripieno.framework.backbones.small_models timm_dinov2 models/timm-dinov2-random
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from ripieno.framework.generated_folders import build_once, generated_dir
+from ripieno.framework.outputs.generated_folders import build_once, generated_dir
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -265,7 +265,7 @@ def cached_small_backbone(kind: str, seed: int = 0) -> tuple[Path, bool]:
     """The small random backbone ``kind`` in ripieno's cache folder, built there once.
 
     The folder is named after ``small_backbone_record(kind, seed)`` and built like every
-    generated folder (``ripieno.framework.generated_folders.build_once``): under a lock, in a
+    generated folder (``ripieno.framework.outputs.generated_folders.build_once``): under a lock, in a
     staging folder, marker last; a folder there without a finished marker is rebuilt.
 
     Returns:
@@ -292,7 +292,7 @@ def cached_small_backbone(kind: str, seed: int = 0) -> tuple[Path, bool]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Command line: ``python -m ripieno.framework.loes.small_models {dinov2,wav2vec2,timm_dinov2} DIR``."""
+    """Command line: ``python -m ripieno.framework.backbones.small_models KIND DIR`` (see ``BUILDERS``)."""
     parser = argparse.ArgumentParser(description="Write a small random backbone to a local folder.")
     parser.add_argument("kind", choices=sorted(BUILDERS))
     parser.add_argument("target_dir")

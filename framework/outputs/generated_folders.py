@@ -13,7 +13,7 @@ written by a ``write(folder)`` function. ``build_once`` does the rest:
   once: the first builds, the others wait and then read it. Leftover staging folders of a
   killed build are removed under that lock.
 
-Inside ripieno's cache folder (``ripieno.framework.output_files.cache_root``) everything is
+Inside ripieno's cache folder (``ripieno.framework.outputs.output_files.cache_root``) everything is
 ripieno's own, so a folder without the right marker (half-built by an older ripieno, or
 anything else found there) is rebuilt. Outside it, only an empty folder is filled: a folder
 that holds anything else is the user's and is refused (``FileExistsError``) unless the caller
@@ -45,7 +45,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ripieno.framework.output_files import cache_dir, cache_root
+from ripieno.framework.outputs.output_files import cache_dir, cache_root
 
 #: The file whose presence (written last) marks a finished generated folder, and what it holds.
 MARKER = "ripieno_generated.json"

@@ -45,7 +45,7 @@ class TabularSpec:
         target_name: the target column of the training table.
         id_column: the column that identifies rows in prediction outputs (``None``: row number).
         preprocessing: the fitted feature preprocessing
-            (``ripieno.framework.tabular_preprocessing.TabularPreprocessor.state_dict``), so the
+            (``ripieno.framework.specs.tabular_preprocessing.TabularPreprocessor.state_dict``), so the
             model alone turns new rows into inputs; ``None`` for a spec built by hand.
     """
 

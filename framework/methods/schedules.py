@@ -15,13 +15,13 @@ LightningCLI's top-level ``lr_scheduler:`` key; ``total_steps`` left unset is fi
 .. code-block:: yaml
 
     lr_scheduler:
-      class_path: ripieno.framework.schedules.WarmupCosineLR
+      class_path: ripieno.framework.methods.schedules.WarmupCosineLR
       init_args:
         warmup_steps: 100
 
 Example:
     >>> import torch
-    >>> from ripieno.framework.schedules import WarmupLinearLR
+    >>> from ripieno.framework.methods.schedules import WarmupLinearLR
     >>> optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
     >>> schedule = WarmupLinearLR(optimizer, warmup_steps=2, total_steps=6)
     >>> rates = []

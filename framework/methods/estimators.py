@@ -33,11 +33,11 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, column_or_1d, validate_data
 from torch.utils.data import DataLoader
 
+from ripieno.framework.messages import quiet_lightning
 from ripieno.framework.methods.tabular_ensemble import TabularEnsembleModule
 from ripieno.framework.nn.embeddings import compute_bins
-from ripieno.framework.quiet import quiet_lightning
-from ripieno.framework.tabular_preprocessing import TabularPreprocessor
-from ripieno.framework.tabular_spec import TabularSpec
+from ripieno.framework.specs.tabular import TabularSpec
+from ripieno.framework.specs.tabular_preprocessing import TabularPreprocessor
 
 ADAPTERS: dict[str, dict[str, str]] = {
     "lometab": {"adapter": "lometab"},

@@ -1,0 +1,100 @@
+"""Module paths from before ``framework/`` was grouped by role, still importable.
+
+Users' YAML (``class_path: ripieno.framework.schedules.WarmupCosineLR``), code and pickles
+name modules by their old paths. ``MOVED`` maps each old path to where the module lives now
+(or, for ``loes.features``, which was split, to the modules that share its names); a finder
+placed on ``sys.meta_path`` the first time ``ripieno.framework`` is imported answers for
+exactly these names and no others, so importing an old path gives the new module object
+itself (``ripieno.framework.tabular_spec is ripieno.framework.specs.tabular``). New code and
+the shipped recipes use the new paths.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import sys
+import types
+from collections.abc import Sequence
+
+MOVED: dict[str, str | tuple[str, ...]] = {
+    "ripieno.framework.checkpoint_io": "ripieno.framework.outputs.checkpoint_io",
+    "ripieno.framework.config_errors": "ripieno.framework.cli.config_errors",
+    "ripieno.framework.error_lines": "ripieno.framework.cli.error_lines",
+    "ripieno.framework.estimators": "ripieno.framework.methods.estimators",
+    "ripieno.framework.generated_folders": "ripieno.framework.outputs.generated_folders",
+    "ripieno.framework.image_spec": "ripieno.framework.specs.image",
+    "ripieno.framework.model_folder": "ripieno.framework.backbones.model_folder",
+    "ripieno.framework.monitor_check": "ripieno.framework.cli.monitor_check",
+    "ripieno.framework.optimizer_config": "ripieno.framework.cli.optimizer_config",
+    "ripieno.framework.output_files": "ripieno.framework.outputs.output_files",
+    "ripieno.framework.prediction_table": "ripieno.framework.outputs.prediction_table",
+    "ripieno.framework.quiet": "ripieno.framework.messages",
+    "ripieno.framework.recipes": "ripieno.framework.cli.recipes",
+    "ripieno.framework.resume_check": "ripieno.framework.cli.resume_check",
+    "ripieno.framework.run_folders": "ripieno.framework.cli.run_folders",
+    "ripieno.framework.run_logs": "ripieno.framework.cli.run_logs",
+    "ripieno.framework.schedules": "ripieno.framework.methods.schedules",
+    "ripieno.framework.select_members_cli": "ripieno.framework.cli.select_members",
+    "ripieno.framework.sklearn_state": "ripieno.framework.specs.sklearn_state",
+    "ripieno.framework.spawn_results": "ripieno.framework.cli.spawn_results",
+    "ripieno.framework.tabular_preprocessing": "ripieno.framework.specs.tabular_preprocessing",
+    "ripieno.framework.tabular_spec": "ripieno.framework.specs.tabular",
+    "ripieno.framework.text_spec": "ripieno.framework.specs.text",
+    "ripieno.framework.loes.spec": "ripieno.framework.specs.layer_features",
+    "ripieno.framework.loes.conversion": "ripieno.framework.backbones.conversion",
+    "ripieno.framework.loes.convert_dinov2": "ripieno.framework.backbones.convert_dinov2",
+    "ripieno.framework.loes.convert_efficientnet": "ripieno.framework.backbones.convert_efficientnet",
+    "ripieno.framework.loes.convert_whisper": "ripieno.framework.backbones.convert_whisper",
+    "ripieno.framework.loes.small_models": "ripieno.framework.backbones.small_models",
+    "ripieno.framework.loes.features": ("ripieno.framework.loes.extraction",
+                                        "ripieno.framework.loes.feature_cache",
+                                        "ripieno.framework.backbones.loading"),
+}
+
+
+class _UnionModule(types.ModuleType):
+    """An old module whose names now live in several modules (looked up in order)."""
+
+    def __init__(self, name: str, sources: Sequence[str]) -> None:
+        super().__init__(name, f"Moved: the names of {name} now live in {', '.join(sources)}.")
+        self._sources = tuple(sources)
+
+    def __getattr__(self, attr: str) -> object:
+        for source in self._sources:
+            module = importlib.import_module(source)
+            if hasattr(module, attr):
+                return getattr(module, attr)
+        raise AttributeError(f"module {self.__name__!r} has no attribute {attr!r}")
+
+
+class _MovedModuleLoader(importlib.abc.Loader):
+    """Loads an old path as the module that now holds it."""
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
+        """The new module itself (or a union of the modules that share a split module's names)."""
+        target = MOVED[spec.name]
+        if isinstance(target, tuple):
+            return _UnionModule(spec.name, target)
+        return importlib.import_module(target)
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        """Nothing to run: the target module already ran."""
+
+
+class MovedModuleFinder(importlib.abc.MetaPathFinder):
+    """Finds only the old paths in ``MOVED``; every other import goes to the next finder."""
+
+    def find_spec(self, fullname: str, path: Sequence[str] | None = None,
+                  target: types.ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
+        """A spec for an old path, else ``None``."""
+        if fullname not in MOVED:
+            return None
+        return importlib.machinery.ModuleSpec(fullname, _MovedModuleLoader())
+
+
+def install() -> None:
+    """Put one ``MovedModuleFinder`` on ``sys.meta_path`` (idempotent)."""
+    if not any(isinstance(finder, MovedModuleFinder) for finder in sys.meta_path):
+        sys.meta_path.append(MovedModuleFinder())

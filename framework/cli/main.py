@@ -1,0 +1,42 @@
+"""The ``ripieno`` console script: ``recipes``, ``select_members`` or a LightningCLI subcommand."""
+
+from __future__ import annotations
+
+import sys
+
+from ripieno.framework.cli.command import RipienoCLI, print_recipes, quiet_cli_notices, resolve_config_args
+from ripieno.framework.cli.error_lines import one_line_error
+from ripieno.framework.cli.recipes import RecipeNotFoundError
+from ripieno.framework.cli.select_members import select_members_main
+
+
+def main(args: list[str] | None = None) -> None:
+    """Entry point of the ``ripieno`` console script and ``python -m ripieno``.
+
+    Args:
+        args: the command line without the program name (``None``: ``sys.argv[1:]``):
+            ``recipes``, ``select_members`` (``ripieno.framework.cli.select_members``), or a
+            LightningCLI subcommand and its arguments.
+    """
+    args = list(sys.argv[1:] if args is None else args)
+    if args[:1] == ["recipes"]:
+        print_recipes()
+        return
+    if args[:1] == ["select_members"]:
+        select_members_main(args[1:])
+        return
+    try:
+        args = resolve_config_args(args)
+    except RecipeNotFoundError as error:
+        raise SystemExit(f"ripieno: {error}") from None
+    try:
+        with quiet_cli_notices():
+            RipienoCLI(args=args)
+    except KeyboardInterrupt:  # outside training (data preparation, the summary); inside, Lightning stops
+        raise SystemExit("ripieno: interrupted (Ctrl-C) outside training; files already written are whole"
+                         " (every output is written atomically).") from None
+    except Exception as error:
+        line = one_line_error(error)
+        if line is None:
+            raise
+        raise SystemExit(f"ripieno: error: {line}") from None
