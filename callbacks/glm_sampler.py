@@ -23,7 +23,6 @@ from typing import Any, Literal
 
 import lightning as L
 import torch
-from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
 from ripieno.callbacks.posterior_predictive import PosteriorPredictiveCallback, plain_copy
@@ -38,10 +37,14 @@ from ripieno.callbacks.sampler_settings import (
     setting_error,
 )
 from ripieno.callbacks.temperature_scaling import TemperatureScaling
+from ripieno.framework.messages import get_logger
 from ripieno.framework.metrics.uq import LogPointwisePredictiveDensity
 from ripieno.framework.uq.glm_sampler import GLMPosteriorSampler, last_layer_log_evidence
 from ripieno.framework.uq.least_squares_sampler import LeastSquaresLogitSampler
 from ripieno.framework.uq.linearization import FullNetworkLinearization, LastLayerLinearization
+
+log = get_logger(__name__)
+
 
 Posterior = Literal["laplace_ggn", "least_squares_logits"]
 #: The reference's settings for LeNet on Fashion-MNIST (LinearSampling's amended results), per ``glm``.
@@ -259,7 +262,7 @@ class LastLayerSampler(PosteriorPredictiveCallback):
             noise = self.noise_variance_setting
             if likelihood == "regression" and noise is None:
                 noise = self.training_noise_variance(pl_module, loader, input_fn)
-                rank_zero_info(f"LastLayerSampler: noise_variance estimated as {noise:.4g}")
+                log.info(f"LastLayerSampler: noise_variance estimated as {noise:.4g}")
             noise = None if noise is None else noise / scale**2
             self.likelihood = likelihood
             target_fn = functools.partial(self.device_target, device=pl_module.device, affine=self.affine)
@@ -280,8 +283,8 @@ class LastLayerSampler(PosteriorPredictiveCallback):
             assert best is not None
             _, self.chosen_prior_precision, self.sampler = best
             if len(grid) > 1:
-                rank_zero_info(f"LastLayerSampler: prior_precision={self.chosen_prior_precision:g} has the"
-                               f" best validation LPPD ({best[0]:.4f}) of {grid}")
+                log.info(f"LastLayerSampler: prior_precision={self.chosen_prior_precision:g} has the"
+                         f" best validation LPPD ({best[0]:.4f}) of {grid}")
         self.likelihood, self.noise_variance = likelihood, self.sampler.noise_variance * scale**2
         return self.sampler
 
@@ -314,9 +317,9 @@ class LastLayerSampler(PosteriorPredictiveCallback):
             if len(gammas) * len(scales) > 1:
                 self.grid_lppd = self._grid_lppd(trainer, sampler, gammas, scales)
                 sampler.gamma, sampler.scale = best = max(self.grid_lppd, key=self.grid_lppd.get)
-                rank_zero_info(f"LastLayerSampler: gamma={best[0]:g}, predictive_scale={best[1]:g} have the"
-                               f" best validation LPPD ({self.grid_lppd[best]:.4f}) of gamma {gammas} x"
-                               f" scale {scales}")
+                log.info(f"LastLayerSampler: gamma={best[0]:g}, predictive_scale={best[1]:g} have the"
+                         f" best validation LPPD ({self.grid_lppd[best]:.4f}) of gamma {gammas} x"
+                         f" scale {scales}")
         self.chosen_gamma, self.chosen_predictive_scale = sampler.gamma, sampler.scale
         self.sampler = sampler
         return sampler
@@ -362,7 +365,7 @@ class LastLayerSampler(PosteriorPredictiveCallback):
         phi_all, res_all = torch.cat(features), torch.cat(residuals)
         self.log_evidence = {lam: last_layer_log_evidence(phi_all, res_all, lam, noise) for lam in grid}
         chosen = max(self.log_evidence, key=self.log_evidence.get)
-        rank_zero_info(f"LastLayerSampler: prior_precision={chosen:g} has the highest log evidence of {grid}")
+        log.info(f"LastLayerSampler: prior_precision={chosen:g} has the highest log evidence of {grid}")
         return chosen
 
     def _validation_lppd(self, trainer: L.Trainer, sampler: GLMPosteriorSampler) -> float:

@@ -28,7 +28,6 @@ from typing import Any, Literal
 
 import lightning as L
 import torch
-from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 from typing_extensions import override
 
@@ -41,7 +40,11 @@ from ripieno.callbacks.sampler_settings import (
     setting_error,
 )
 from ripieno.callbacks.temperature_scaling import TemperatureScaling
+from ripieno.framework.messages import get_logger
 from ripieno.framework.uq.linearization import find_last_linear
+
+log = get_logger(__name__)
+
 
 INSTALL_HINT = "pip install 'laplace-torch==0.3'"
 
@@ -213,7 +216,7 @@ class LaplaceSampler(PosteriorPredictiveCallback):
                 noise = self.noise_variance_setting
                 if noise is None:
                     noise = self.training_noise_variance(pl_module, loader, lambda b: self._input(b, device))
-                    rank_zero_info(f"LaplaceSampler: noise_variance estimated as {noise:.4g}")
+                    log.info(f"LaplaceSampler: noise_variance estimated as {noise:.4g}")
                 kwargs["sigma_noise"] = float(noise) ** 0.5
             modes = self._eval_modes(pl_module)
             try:
@@ -235,8 +238,8 @@ class LaplaceSampler(PosteriorPredictiveCallback):
         self.fitted_prior_precision = la.prior_precision.detach().cpu().clone()
         if likelihood == "regression":
             self.noise_variance = float(la.sigma_noise) ** 2
-        rank_zero_info(f"LaplaceSampler: {type(la).__name__} fitted, prior precision"
-                       f" {self.fitted_prior_precision.flatten()[:4].tolist()}")
+        log.info(f"LaplaceSampler: {type(la).__name__} fitted, prior precision"
+                 f" {self.fitted_prior_precision.flatten()[:4].tolist()}")
 
     def __getstate__(self) -> dict[str, Any]:
         """Picklable state for ``ddp_spawn``.

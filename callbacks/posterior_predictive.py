@@ -34,7 +34,6 @@ from typing import Any, Literal
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
-from lightning.pytorch.utilities import rank_zero_info
 from torch.utils._pytree import tree_map
 from torch.utils.data import DataLoader
 from torchmetrics.classification import MulticlassAccuracy
@@ -43,6 +42,7 @@ from typing_extensions import override
 from ripieno.callbacks.figure_logging import log_reliability_diagram
 from ripieno.callbacks.sampler_settings import check_choice, check_count, check_positive, setting_error
 from ripieno.callbacks.temperature_scaling import TemperatureScaling
+from ripieno.framework.messages import get_logger
 from ripieno.framework.metrics.uq import (
     VARROC_PREDICTIONS,
     BrierScore,
@@ -54,6 +54,9 @@ from ripieno.framework.metrics.uq import (
     VarROC,
 )
 from ripieno.framework.uq.linearization import call_model
+
+log = get_logger(__name__)
+
 
 
 def plain_copy(batch: Any) -> Any:  # noqa: ANN401
@@ -289,8 +292,8 @@ class PosteriorPredictiveCallback(Callback, ABC):
 
     def _ensure_prepared(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.prepared and self.is_stale(pl_module):
-            rank_zero_info(f"{type(self).__name__}: the weights changed since it was prepared (a"
-                           " checkpoint was loaded); preparing again for these weights.")
+            log.info(f"{type(self).__name__}: the weights changed since it was prepared (a"
+                     " checkpoint was loaded); preparing again for these weights.")
             self.prepared = False
         if not self.prepared:
             self.prepare(trainer, pl_module)
@@ -374,7 +377,7 @@ class PosteriorPredictiveCallback(Callback, ABC):
                                         title=name)
         if where:
             self.reliability_path = next((p for p in where if isinstance(p, Path)), None)
-            rank_zero_info(f"{name}: reliability diagram sent to {', '.join(map(str, where))}")
+            log.info(f"{name}: reliability diagram sent to {', '.join(map(str, where))}")
         return where
 
     @override

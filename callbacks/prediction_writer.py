@@ -17,7 +17,10 @@ import torch
 from lightning.pytorch.callbacks import BasePredictionWriter
 from typing_extensions import override
 
+from ripieno.framework.messages import get_logger
 from ripieno.framework.outputs.output_files import numbered_names, write_new_file
+
+log = get_logger(__name__)
 
 
 class MemberPredictionWriter(BasePredictionWriter):
@@ -79,7 +82,7 @@ class MemberPredictionWriter(BasePredictionWriter):
         if frame is not None:
             outputs[".csv"] = frame.to_csv(index=False, lineterminator="\n")
         self.written = _write_new_files(folder, stem, outputs)
-        print(f"ripieno: predictions written to {', '.join(map(str, self.written))}", flush=True)
+        log.info(f"ripieno: predictions written to {', '.join(map(str, self.written))}")
 
     def _named_table(self, trainer: L.Trainer, pl_module: L.LightningModule,
                      merged: dict[str, torch.Tensor]) -> pd.DataFrame | None:

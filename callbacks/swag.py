@@ -32,7 +32,6 @@ from typing import Any, Literal
 
 import lightning as L
 import torch
-from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 from torch.func import functional_call
 from torch.optim.swa_utils import AveragedModel
@@ -48,6 +47,10 @@ from ripieno.callbacks.sampler_settings import (
     setting_error,
 )
 from ripieno.callbacks.temperature_scaling import TemperatureScaling
+from ripieno.framework.messages import get_logger
+
+log = get_logger(__name__)
+
 
 
 class _FlatVector(nn.Module):
@@ -303,7 +306,7 @@ class SWAGSampler(PosteriorPredictiveCallback):
                 at_mean = _FunctionalModule(pl_module, self._unflatten(self.mean, pl_module))
                 noise = self.training_noise_variance(at_mean, trainer.datamodule.train_dataloader(),
                                                      self.input_fn(pl_module))
-                rank_zero_info(f"SWAGSampler: noise_variance estimated as {noise:.4g}")
+                log.info(f"SWAGSampler: noise_variance estimated as {noise:.4g}")
             self.noise_variance = float(noise or 1.0)
 
     def sample_parameters(self) -> Tensor:

@@ -20,10 +20,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from lightning.pytorch.utilities import rank_zero_info
-
 from ripieno.datamodules.base import DataModuleError
 from ripieno.datamodules.table_header import check_unique_columns, header_names
+from ripieno.framework.messages import get_logger
+
+log = get_logger(__name__)
+
 
 BUILDERS: tuple[str, ...] = ("csv", "json", "parquet", "imagefolder", "audiofolder")
 SPLIT_ALIASES: dict[str, str] = {"train": "train", "validation": "val", "valid": "val", "val": "val",
@@ -196,8 +198,8 @@ def resolve_splits(parts: Mapping[str, Any], policy: SplitPolicy, owner: str,
         pooled = next(iter(parts.values()))
         if len(parts) > 1:
             pooled = datasets.concatenate_datasets(list(parts.values()))
-            rank_zero_info(f"{owner}: splits {list(parts)} pooled and re-split by split_seed"
-                           " (splits: resplit).")
+            log.info(f"{owner}: splits {list(parts)} pooled and re-split by split_seed"
+                     " (splits: resplit).")
         return {"train": pooled}, ["val", "test"]
     mapped: dict[str, Any] = {}
     for name, part in parts.items():
@@ -210,6 +212,6 @@ def resolve_splits(parts: Mapping[str, Any], policy: SplitPolicy, owner: str,
         raise error(f"The dataset has splits {list(parts)} but no train split.")
     carve = [name for name in ("val", "test") if name not in mapped]
     kept = [name for name in ("train", "val", "test") if name in mapped]
-    rank_zero_info(f"{owner}: official splits {kept} kept"
-                   + (f"; {carve} carved from train by split_seed" if carve else "") + ".")
+    log.info(f"{owner}: official splits {kept} kept"
+             + (f"; {carve} carved from train by split_seed" if carve else "") + ".")
     return mapped, carve

@@ -53,7 +53,7 @@ from typing import Any, Literal
 
 import lightning as L
 import torch
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_only
+from lightning.pytorch.utilities import rank_zero_only
 from torch import Tensor
 from torch.utils.data import DataLoader
 
@@ -78,10 +78,14 @@ from ripieno.framework.loes.feature_cache import (
     folder_fingerprint,
     model_fingerprint,
 )
+from ripieno.framework.messages import get_logger
 from ripieno.framework.outputs.generated_folders import generated_dir, holds
 from ripieno.framework.outputs.output_files import cache_dir as ripieno_cache_dir
 from ripieno.framework.outputs.output_files import numbered_names, write_new_file
 from ripieno.framework.specs.layer_features import LayerFeatureSpec
+
+log = get_logger(__name__)
+
 
 Selection = Literal["loes", "last_layer", "best_single", "last_k", "greedy_ridge", "exhaustive", "all",
                     "fixed"]
@@ -446,14 +450,14 @@ class LayerEmbeddingDataModule(SplitDataModule):
         hp = self.hparams
         if hp.convert_backbone is not None:
             path, fresh = convert_backbone(hp.convert_backbone)
-            rank_zero_info(f"LayerEmbeddingDataModule: {'converted' if fresh else 'using'} the"
-                           f" {hp.convert_backbone} weights {'into' if fresh else 'converted in'} {path}")
+            log.info(f"LayerEmbeddingDataModule: {'converted' if fresh else 'using'} the"
+                     f" {hp.convert_backbone} weights {'into' if fresh else 'converted in'} {path}")
             return path
         if hp.build_backbone is not None:
             path, built = cached_small_backbone(hp.build_backbone)
-            rank_zero_info(f"LayerEmbeddingDataModule: {'built' if built else 'using'} a small RANDOM"
-                           f" {hp.build_backbone} backbone in {path} (no pretrained weights ship offline;"
-                           " results show the pipeline, not the pretrained model).")
+            log.info(f"LayerEmbeddingDataModule: {'built' if built else 'using'} a small RANDOM"
+                     f" {hp.build_backbone} backbone in {path} (no pretrained weights ship offline;"
+                     " results show the pipeline, not the pretrained model).")
             return path
         if hp.backbone_dir is None or hp.backbone_dir == "minilm":
             return minilm_dir()
@@ -486,10 +490,10 @@ class LayerEmbeddingDataModule(SplitDataModule):
         text = self._scores_table.to_csv(index=False)
         same = _file_with(path, text)
         if same is not None:  # e.g. the test after a spawned fit: its rank 0 wrote this table already
-            rank_zero_info(f"LayerEmbeddingDataModule: selection scores already in {same}")
+            log.info(f"LayerEmbeddingDataModule: selection scores already in {same}")
             return
         written = write_new_file(path, text, what="the selection scores")
-        rank_zero_info(f"LayerEmbeddingDataModule: selection scores written to {written}")
+        log.info(f"LayerEmbeddingDataModule: selection scores written to {written}")
 
     def _source_loaders(self) -> dict[str, DataLoader | LengthBucketedLoader]:
         """Each split's extraction loader.
@@ -571,8 +575,8 @@ class LayerEmbeddingDataModule(SplitDataModule):
         for split, loader in loaders.items():
             data_id = fingerprint(split) if callable(fingerprint) else None
             if data_id is None and split == "train":
-                rank_zero_info("LayerEmbeddingDataModule: the source gives no input_fingerprint(split); the"
-                               " cache key hashes every preprocessed batch (a full pass, even on a hit).")
+                log.info("LayerEmbeddingDataModule: the source gives no input_fingerprint(split); the"
+                         " cache key hashes every preprocessed batch (a full pass, even on a hit).")
             emb, labels, path, hit = cached_layer_embeddings(
                 load_model, loader, input_keys, cache, hp.pooling, progress=hp.progress is not False,
                 model_id=model_id, data_id=data_id, device=self.extraction_device(),
@@ -581,9 +585,9 @@ class LayerEmbeddingDataModule(SplitDataModule):
             hits.append(hit)
         self.timings["extraction_s"] = time.perf_counter() - start
         what = describe(loaded[0]) if loaded else f"{backbone_dir} (not loaded: every split was cached)"
-        rank_zero_info(f"LayerEmbeddingDataModule: {what}, {hp.pooling} pooling;"
-                       f" embeddings {'read from' if all(hits) else 'cached in'} {cache}"
-                       f" ({self.timings['extraction_s']:.1f} s)")
+        log.info(f"LayerEmbeddingDataModule: {what}, {hp.pooling} pooling;"
+                 f" embeddings {'read from' if all(hits) else 'cached in'} {cache}"
+                 f" ({self.timings['extraction_s']:.1f} s)")
         widths = [int(layer.shape[1]) for layer in features["train"][0]]
         n_layers, d_model = len(widths), max(widths)
         selected = self._select(features[hp.calibration], n_layers)
@@ -634,9 +638,9 @@ class LayerEmbeddingDataModule(SplitDataModule):
             table.insert(table.columns.get_loc("layer") + 1, "hidden_state",
                          [self.candidate_layers[int(i)] for i in table["layer"]])
         self._scores_table = table  # written by setup, into the run folder (scores_path)
-        rank_zero_info(f"LayerEmbeddingDataModule: {hp.selection} chose hidden states {chosen} of {n_layers}"
-                       f" on {len(labels)} rows of the {hp.calibration} split"
-                       f" ({self.timings['selection_s']:.2f} s)")
+        log.info(f"LayerEmbeddingDataModule: {hp.selection} chose hidden states {chosen} of {n_layers}"
+                 f" on {len(labels)} rows of the {hp.calibration} split"
+                 f" ({self.timings['selection_s']:.2f} s)")
         return [int(i) for i in chosen]
 
     # ------------------------------------------------------------------ loaders

