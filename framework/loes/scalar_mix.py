@@ -20,6 +20,19 @@ class ScalarMix(nn.Module):
         initial_logits: Starting logits ``s`` (``L`` values); zeros by default.
         initial_gamma: Starting ``gamma``.
         trainable: Whether ``s`` and ``gamma`` receive gradients.
+
+    Shape:
+        - Input: ``L`` tensors of one shape ``(*)`` (e.g. ``(B, D)`` pooled layer embeddings), or one
+          tensor ``(L, *)`` with the layers on axis 0.
+        - Output: ``(*)``, the shape of one layer.
+
+    Example:
+        >>> mix = ScalarMix(2, initial_gamma=2.0)
+        >>> out = mix([torch.zeros(4, 3), torch.ones(4, 3)])  # L=2 layers of (B=4, D=3)
+        >>> out.shape
+        torch.Size([4, 3])
+        >>> out[0].tolist()  # 2 * (0 / 2 + 1 / 2)
+        [1.0, 1.0, 1.0]
     """
 
     def __init__(

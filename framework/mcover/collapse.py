@@ -38,6 +38,21 @@ class CopyScores(Metric):
 
     Args:
         m: number of copies ``M``.
+
+    Shape:
+        - Input: ``correct`` ``(B, M)``: batch, copies (members), bool or 0/1; ``nll`` ``(B, M)``
+          or ``None``.
+        - Output: ``{"accuracy": (M,), "nll": (M,)}``, float64 (0-d for ``M = 1``; ``per_copy``
+          keeps ``(M,)``).
+
+    Example:
+        >>> scores = CopyScores(m=2)
+        >>> scores.update(torch.tensor([[True, False], [True, True]]), torch.tensor([[0.5, 2.0], [1.5, 1.0]]))
+        >>> per_copy = scores.per_copy()
+        >>> per_copy["accuracy"]  # (1 + 1) / 2, (0 + 1) / 2
+        tensor([1.0000, 0.5000], dtype=torch.float64)
+        >>> per_copy["nll"]  # (0.5 + 1.5) / 2, (2 + 1) / 2
+        tensor([1.0000, 1.5000], dtype=torch.float64)
     """
 
     full_state_update = False

@@ -74,6 +74,21 @@ class CommitteeReadout(nn.Module):
     Hidden units are laid out class-major (``c * K + k``). The network is a soft
     committee machine (``tanh`` units, trained by SGD on cross-entropy of the scores);
     ``vote`` gives the hard committee's majority decision ``argmax_c sum_k sign(h_ck)``.
+
+    Args:
+        n_classes: number of classes ``C``.
+        committee_size: hidden units per class ``K``.
+
+    Shape:
+        - Input: ``(*, C * K)`` hidden units, class-major (e.g. ``(B, M, C * K)``: batch, copies, units).
+        - Output: ``(*, C)``.
+
+    Example:
+        >>> readout = CommitteeReadout(n_classes=2, committee_size=3)
+        >>> readout(torch.tensor([[1.0, 2.0, 3.0, 0.5, 0.5, -1.0]]))  # 1 + 2 + 3, 0.5 + 0.5 - 1
+        tensor([[6., 0.]])
+        >>> readout.vote(torch.tensor([[1.0, 2.0, -3.0, -0.5, -0.5, 1.0]]))  # votes 1 + 1 - 1, -1 - 1 + 1
+        tensor([[ 1., -1.]])
     """
 
     def __init__(self, n_classes: int, committee_size: int) -> None:
@@ -103,6 +118,23 @@ class RoutedMLP(nn.Module):
         head: ``linear`` (a trainable last layer) or ``committee`` (fixed readout).
         committee_size: hidden units per class for ``committee``.
         init: ``independent`` (each copy its own ``nn.Linear`` draw) or ``identical``.
+
+    Shape:
+        - Input: ``(B, *)``, flattened to ``(B, in_features)``; ``routing`` ``None``, ``(n_slots, M)``
+          permutations (``int64``) or ``(n_slots, M, M)`` mixing matrices (module docstring).
+        - Output: ``(B, M, out_features)``: batch, copies (members), outputs; with ``return_hidden``
+          (``committee``) the hidden pre-activations ``(B, M, out_features * committee_size)``.
+
+    Example:
+        >>> net = RoutedMLP(in_features=6, hidden=[8], out_features=3, m=4, n_blocks=2)
+        >>> x = torch.randn(5, 6)
+        >>> net(x).shape
+        torch.Size([5, 4, 3])
+        >>> net.n_slots  # one routed layer, two blocks
+        2
+        >>> identity = torch.arange(4).expand(net.n_slots, 4)  # every copy reads its own block
+        >>> torch.equal(net(x, identity), net(x))
+        True
     """
 
     def __init__(self, in_features: int, hidden: list[int], out_features: int, m: int, n_blocks: int = 1,

@@ -61,6 +61,17 @@ class PairwiseKLDivergence(Metric):
 
     Args:
         input_kind: ``logits`` (multiclass), ``binary_logits`` or ``probs``.
+
+    Shape:
+        - Input: ``outputs`` ``(B, K, C)``: batch, members (``K >= 2``), classes; ``(B, K)`` or
+          ``(B, K, 1)`` positive-class logits for ``binary_logits``.
+        - Output: a 0-d tensor (nats).
+
+    Example:
+        >>> metric = PairwiseKLDivergence(input_kind="probs")
+        >>> metric.update(torch.tensor([[[0.5, 0.5], [0.25, 0.75]]]))  # (B=1, K=2, C=2)
+        >>> metric.compute()  # (KL(p_1 || p_2) + KL(p_2 || p_1)) / 2 = log(3) / 8
+        tensor(0.1373)
     """
 
     is_differentiable = True
@@ -99,6 +110,17 @@ class MemberDisagreement(Metric):
 
     Args:
         input_kind: ``logits`` (multiclass), ``binary_logits`` or ``probs``.
+
+    Shape:
+        - Input: ``outputs`` ``(B, K, C)``: batch, members (``K >= 2``), classes; ``(B, K)`` or
+          ``(B, K, 1)`` positive-class logits for ``binary_logits``.
+        - Output: a 0-d tensor in ``[0, 1]``.
+
+    Example:
+        >>> metric = MemberDisagreement()
+        >>> metric.update(torch.tensor([[[2.0, 0.0], [1.0, 0.0], [0.0, 1.0]]]))  # votes 0, 0, 1
+        >>> metric.compute()  # 1 - (2^2 + 1^2 - 3) / (3 * 2): 4 of the 6 ordered pairs disagree
+        tensor(0.6667)
     """
 
     is_differentiable = False
@@ -138,6 +160,16 @@ class Ambiguity(Metric):
 
     For regression members ``f_k`` with ensemble mean ``f_bar`` and target ``y``:
     ``mean_k (f_k - y)^2 = (f_bar - y)^2 + mean_k (f_k - f_bar)^2``.
+
+    Shape:
+        - Input: ``outputs`` ``(B, K)`` or ``(B, K, D)``: batch, members (``K >= 2``), outputs.
+        - Output: a 0-d tensor (squared output units).
+
+    Example:
+        >>> metric = Ambiguity()
+        >>> metric.update(torch.tensor([[1.0, 3.0], [2.0, 2.0]]))  # (B=2, K=2)
+        >>> metric.compute()  # ((1^2 + 1^2) / 2 + 0) / 2
+        tensor(0.5000)
     """
 
     is_differentiable = True

@@ -201,6 +201,18 @@ class ExpectedCalibrationError(MulticlassCalibrationError):
         input_kind: ``probs`` or ``logits`` (softmax per sample before averaging).
         validate_args: check target range and probability range (costs a device sync).
         kwargs: passed to ``torchmetrics.Metric``.
+
+    Shape:
+        - Input: ``outputs`` ``(B, S, C)``: batch, samples (members), classes; logits or
+          probabilities, or one prediction ``(B, C)``; ``target`` ``(B,)`` integer labels.
+        - Output: a 0-d tensor in ``[0, 1]``.
+
+    Example:
+        >>> metric = ExpectedCalibrationError(num_classes=2)
+        >>> probs = torch.tensor([[[1.0, 0.0], [0.8, 0.2]], [[0.6, 0.4], [0.6, 0.4]]])  # (B=2, S=2, C=2)
+        >>> metric.update(probs, torch.tensor([0, 1]))
+        >>> metric.compute()  # confidences 0.9 (right), 0.6 (wrong): (|0.9 - 1| + |0.6 - 0|) / 2
+        tensor(0.3500)
     """
 
     def __init__(
@@ -256,6 +268,17 @@ class PredictiveNLL(_ClassProbsMean):
         input_kind: ``logits`` or ``probs``.
         validate_args: check target range and probability range (costs a device sync).
         kwargs: passed to ``torchmetrics.Metric``.
+
+    Shape:
+        - Input: ``outputs`` ``(B, S, C)``: batch, samples (members), classes; logits or
+          probabilities, or one prediction ``(B, C)``; ``target`` ``(B,)`` integer labels.
+        - Output: a 0-d tensor (nats).
+
+    Example:
+        >>> metric = PredictiveNLL(input_kind="probs")
+        >>> metric.update(torch.tensor([[[0.2, 0.8], [0.8, 0.2]]]), torch.tensor([1]))  # (B=1, S=2, C=2)
+        >>> metric.compute()  # -log((0.8 + 0.2) / 2) = log(2)
+        tensor(0.6931)
     """
 
     is_differentiable = True
@@ -283,17 +306,21 @@ class BrierScore(_ClassProbsMean):
     classes. For two classes it is twice the binary Brier score ``mean_i (pbar_i1 - y_i)^2``
     (scikit-learn's binary default).
 
-    Example:
-        >>> import torch
-        >>> metric = BrierScore(input_kind="probs")
-        >>> metric.update(torch.tensor([[0.8, 0.2], [0.4, 0.6]]), torch.tensor([0, 0]))
-        >>> metric.compute()  # ((0.2^2 + 0.2^2) + (0.6^2 + 0.6^2)) / 2
-        tensor(0.4000)
-
     Args:
         input_kind: ``logits`` or ``probs``.
         validate_args: check target range and probability range (costs a device sync).
         kwargs: passed to ``torchmetrics.Metric``.
+
+    Shape:
+        - Input: ``outputs`` ``(B, S, C)``: batch, samples (members), classes; logits or
+          probabilities, or one prediction ``(B, C)``; ``target`` ``(B,)`` integer labels.
+        - Output: a 0-d tensor in ``[0, 2]``.
+
+    Example:
+        >>> metric = BrierScore(input_kind="probs")
+        >>> metric.update(torch.tensor([[0.8, 0.2], [0.4, 0.6]]), torch.tensor([0, 0]))
+        >>> metric.compute()  # ((0.2^2 + 0.2^2) + (0.6^2 + 0.6^2)) / 2
+        tensor(0.4000)
     """
 
     is_differentiable = True
@@ -326,6 +353,19 @@ class LogPointwisePredictiveDensity(_MeanState):
         input_kind: ``logits`` or ``probs`` (classification only).
         validate_args: check targets, probabilities and ``noise_var > 0`` (costs a device sync).
         kwargs: passed to ``torchmetrics.Metric``.
+
+    Shape:
+        - Input: classification: ``outputs`` ``(B, S, C)``: batch, samples (members), classes;
+          logits or probabilities, or one prediction ``(B, C)``; ``target`` ``(B,)``.
+          Regression: ``outputs`` ``(B, S, *)`` per-sample means or one mean ``(B, *)``,
+          ``target`` ``(B, *)``, ``noise_var`` a scalar or broadcastable to ``target``.
+        - Output: a 0-d tensor (nats).
+
+    Example:
+        >>> metric = LogPointwisePredictiveDensity(task="regression")
+        >>> metric.update(torch.tensor([[-1.0, 1.0]]), torch.tensor([1.0]), noise_var=1.0)  # (B=1, S=2)
+        >>> metric.compute()  # log((N(1; -1, 1) + N(1; 1, 1)) / 2) = -log(2 pi) / 2 + log((e^-2 + 1) / 2)
+        tensor(-1.4852)
     """
 
     is_differentiable = True
@@ -384,6 +424,17 @@ class GaussianNLL(_MeanState):
     Args:
         validate_args: check ``var > 0`` (costs a device sync).
         kwargs: passed to ``torchmetrics.Metric``.
+
+    Shape:
+        - Input: ``preds`` ``(B, *)`` predictive means, or ``(B, S, *)``: batch, samples
+          (members), outputs; ``target`` ``(B, *)``; ``var`` a scalar or broadcastable to ``target``.
+        - Output: a 0-d tensor (nats).
+
+    Example:
+        >>> metric = GaussianNLL()
+        >>> metric.update(torch.tensor([[-1.0, 1.0]]), torch.tensor([0.0]), var=1.0)  # (B=1, S=2)
+        >>> metric.compute()  # mean 0, variance 1 + 1: log(2 pi * 2) / 2 + 0
+        tensor(1.2655)
     """
 
     is_differentiable = True
@@ -449,16 +500,21 @@ class EnsembleCRPS(ContinuousRankedProbabilityScore):
     means, the mixture ``(1/M) sum_m N(x_m, sigma^2)``, in closed form (``gaussian_mixture_crps``;
     it tends to the empirical CRPS as ``sigma^2 -> 0``).
 
-    Example:
-        >>> import torch
-        >>> metric = EnsembleCRPS()
-        >>> metric.update(torch.tensor([[0.0, 2.0]]), torch.tensor([0.0]))
-        >>> metric.compute()  # (|0 - 0| + |2 - 0|) / 2 - (|0 - 2| + |2 - 0|) / (2 * 4)
-        tensor(0.5000)
-
     Args:
         validate_args: check ``noise_var > 0`` (costs a device sync).
         kwargs: passed to ``torchmetrics.Metric``.
+
+    Shape:
+        - Input: ``preds`` ``(B, M)``: batch, members; ``(B, M, 1)`` for a ``(B,)`` target, or
+          ``(B, M, *)`` for a ``(B, *)`` target; ``target`` ``(B,)`` or ``(B, *)``; ``noise_var``
+          (optional) a scalar or broadcastable to ``target``.
+        - Output: a 0-d tensor (target units).
+
+    Example:
+        >>> metric = EnsembleCRPS()
+        >>> metric.update(torch.tensor([[0.0, 2.0]]), torch.tensor([0.0]))  # (B=1, M=2)
+        >>> metric.compute()  # (|0 - 0| + |2 - 0|) / 2 - (|0 - 2| + |2 - 0|) / (2 * 4)
+        tensor(0.5000)
     """
 
     def __init__(self, validate_args: bool = True, **kwargs) -> None:  # noqa: ANN003
@@ -525,14 +581,6 @@ class VarROC(Metric):
     small validation set), ``compute`` warns and returns ``nan`` instead of raising,
     so that a training loop logging this metric goes on.
 
-    Example:
-        >>> import torch
-        >>> probs = torch.tensor([[[0.9, 0.1], [0.9, 0.1]], [[0.9, 0.1], [0.1, 0.9]]])
-        >>> metric = VarROC(mode="id", input_kind="probs", prediction="map")
-        >>> metric.update(probs, torch.tensor([0, 1]), map_outputs=torch.tensor([[2.0, 0.0], [1.0, 0.0]]))
-        >>> metric.compute()
-        tensor(1.)
-
     Args:
         mode: ``id`` or ``ood``.
         input_kind: ``logits`` or ``probs``.
@@ -540,6 +588,18 @@ class VarROC(Metric):
         prediction: whose argmax is the predicted class: ``predictive_mean`` or ``map``.
         validate_args: check target range and probability range (costs a device sync).
         kwargs: passed to ``torchmetrics.Metric``.
+
+    Shape:
+        - Input: ``outputs`` ``(B, S, C)``: batch, samples (members, ``S >= 2``), classes;
+          ``target`` ``(B,)``; ``is_ood`` a bool or ``(B,)``; ``map_outputs`` ``(B, C)``.
+        - Output: a 0-d tensor in ``[0, 1]`` (``nan`` when one label is missing).
+
+    Example:
+        >>> probs = torch.tensor([[[0.9, 0.1], [0.9, 0.1]], [[0.9, 0.1], [0.1, 0.9]]])  # (B=2, S=2, C=2)
+        >>> metric = VarROC(mode="id", input_kind="probs", prediction="map")
+        >>> metric.update(probs, torch.tensor([0, 1]), map_outputs=torch.tensor([[2.0, 0.0], [1.0, 0.0]]))
+        >>> metric.compute()  # MAP says class 0 twice: row 2 is wrong and the only one with variance
+        tensor(1.)
     """
 
     is_differentiable = False

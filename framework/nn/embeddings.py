@@ -93,11 +93,18 @@ class PiecewiseLinearEncoding(nn.Module):
     the middle so that the last component is always last (``rtdl_num_embeddings``
     layout); ``mask`` marks the real components.
 
-    Shape:
-        input ``(B, n_features)``, output ``(B, n_features, max_n_bins)``.
-
     Args:
         bins: edges per feature, from ``compute_bins``.
+
+    Shape:
+        - Input: ``(B, n_features)``.
+        - Output: ``(B, n_features, max_n_bins)``.
+
+    Example:
+        >>> encoding = PiecewiseLinearEncoding([torch.tensor([0.0, 1.0, 2.0]), torch.tensor([0.0, 4.0])])
+        >>> encoding(torch.tensor([[0.5, 2.0]]))  # 2 bins: [0.5 / 1, 0]; 1 bin, padded: [0, 2 / 4]
+        tensor([[[0.5000, 0.0000],
+                 [0.0000, 0.5000]]])
     """
 
     def __init__(self, bins: Sequence[Tensor]) -> None:
@@ -147,14 +154,22 @@ class PiecewiseLinearEmbeddings(nn.Module):
     ``version="B"``, ``activation=False``). With ``k`` set, every member has its own
     parameters (deep ensembles) and the output gains a member axis.
 
-    Shape:
-        input ``(B, n_features)``; output ``(B, n_features, d_embedding)``, or
-        ``(B, k, n_features, d_embedding)`` when ``k`` is given.
-
     Args:
         bins: edges per feature, from ``compute_bins``.
         d_embedding: embedding size per feature.
         k: number of independent member copies, or ``None`` for one shared copy.
+
+    Shape:
+        - Input: ``(B, n_features)``.
+        - Output: ``(B, n_features, d_embedding)``, or ``(B, K, n_features, d_embedding)``
+          (batch, members, ...) when ``k=K`` is given.
+
+    Example:
+        >>> bins = [torch.tensor([0.0, 1.0, 2.0]), torch.tensor([0.0, 4.0])]
+        >>> PiecewiseLinearEmbeddings(bins, d_embedding=8)(torch.rand(5, 2)).shape
+        torch.Size([5, 2, 8])
+        >>> PiecewiseLinearEmbeddings(bins, d_embedding=8, k=3)(torch.rand(5, 2)).shape
+        torch.Size([5, 3, 2, 8])
     """
 
     def __init__(self, bins: Sequence[Tensor], d_embedding: int, k: int | None = None) -> None:
@@ -191,12 +206,18 @@ class PiecewiseLinearEmbeddings(nn.Module):
 class OneHotEncoding(nn.Module):
     """One-hot encoding of integer-coded categorical features, concatenated.
 
-    Shape:
-        input ``(B, n_cat)`` (``int64``, column ``j`` in ``[0, cardinalities[j])``),
-        output ``(B, sum(cardinalities))``.
-
     Args:
         cardinalities: number of categories per column (including any "unknown" slot).
+
+    Shape:
+        - Input: ``(B, n_cat)``, ``int64``, column ``j`` in ``[0, cardinalities[j])``.
+        - Output: ``(B, sum(cardinalities))``, float32.
+
+    Example:
+        >>> encoding = OneHotEncoding([2, 3])
+        >>> encoding(torch.tensor([[1, 0], [0, 2]]))
+        tensor([[0., 1., 1., 0., 0.],
+                [1., 0., 0., 0., 1.]])
     """
 
     def __init__(self, cardinalities: Sequence[int]) -> None:

@@ -371,9 +371,6 @@ def init_scaling_(tensor: Tensor, kind: ScalingInit, chunks: list[int] | None = 
 class EnsembleLinear(nn.Module):
     """A linear layer for K members, parametrised by one of five adapters.
 
-    Shape:
-        input ``(B, K, in_features)``, output ``(B, K, out_features)``.
-
     ``lometab`` has two exact evaluation orders: ``materialized`` builds the K member
     weights ``W * (1 + A_k B_k^T)`` and runs batched matmuls on them (on CPU a few
     members at a time, ``lometab_member_chunk``); ``factored`` runs
@@ -400,6 +397,10 @@ class EnsembleLinear(nn.Module):
             ``sqrt(rank) * sigma_init**2``, the paper's draw), ``rank_normalized``
             (``lometab``: std ``sigma_init`` for every rank) or ``relative``
             (``additive``: std ``sigma_init`` times ``W``'s std, for every rank).
+
+    Shape:
+        - Input: ``(B, K, in_features)``: batch, members (``k``), features.
+        - Output: ``(B, K, out_features)``.
 
     Example:
         >>> layer = EnsembleLinear(6, 3, k=4, adapter="lometab", rank=2, sigma_init=0.3)

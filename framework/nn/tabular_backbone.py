@@ -37,9 +37,6 @@ class TabularEnsembleNet(nn.Module):
     flattened features are shared by all members (TabM's ``EnsembleView``), pass
     ``n_blocks`` x (EnsembleLinear -> ReLU -> Dropout) and a per-member linear head.
 
-    Shape:
-        ``x_num (B, n_num)``, ``x_cat (B, n_cat)`` -> ``(B, k, d_out)``.
-
     Args:
         n_num_features: number of numeric columns.
         cat_cardinalities: categories per categorical column.
@@ -65,6 +62,11 @@ class TabularEnsembleNet(nn.Module):
             std ``sqrt(rank) * sigma_init**2``), ``rank_normalized`` (``lometab``: std
             ``sigma_init`` for every rank) or ``relative`` (``additive``: ``sigma_init``
             times ``W``'s std).
+
+    Shape:
+        - Input: ``x_num`` ``(B, n_num_features)`` (float) and ``x_cat`` ``(B, n_cat)`` (``int64``
+          codes); either may be ``None`` when the table has no such column.
+        - Output: ``(B, K, d_out)``: batch, members (``k``), outputs.
 
     Example:
         >>> net = TabularEnsembleNet(3, [4], d_out=2, k=5, d_block=8, adapter_init="rank_normalized")
