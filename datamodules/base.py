@@ -139,13 +139,14 @@ class SplitDataModule(L.LightningDataModule, ABC):
         return {name: len(data) for name, data in self._splits.items()}
 
     def state_dict(self) -> dict[str, Any]:
-        """The spec, so a resumed run can check it trains on the same preprocessing."""
-        return {"spec": self.spec.to_dict()}
+        """The compact spec (its fitted state as a digest), so a resumed run can check its data."""
+        return {"spec": self.spec.hparams_dict()}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Warn when the checkpoint's data spec differs from the current one."""
         saved = state_dict.get("spec")
-        if saved is not None and saved != self.spec.to_dict():
+        current = (self.spec.hparams_dict(), self.spec.to_dict())  # what checkpoints hold now, and before
+        if saved is not None and saved not in current:
             rank_zero_warn("The checkpoint was trained on differently prepared data (spec differs).")
 
     def _split(self, name: str) -> Any:  # noqa: ANN401

@@ -34,6 +34,7 @@ from ripieno.framework.errors import file_problem, first_line
 # EpochSeededRandomSampler and collate_batch landed here first: re-exported for existing imports.
 from ripieno.framework.messages import get_logger
 from ripieno.framework.nn.embeddings import compute_bins
+from ripieno.framework.specs.base import FITTED_STATE_KEY
 from ripieno.framework.specs.tabular import LabelType, TabularSpec
 from ripieno.framework.specs.tabular_preprocessing import (
     TabularPreprocessingError,
@@ -86,14 +87,14 @@ class TabularDataModule(SplitDataModule):
 
     Feature preprocessing (``TabularPreprocessor``: scikit-learn's ``SimpleImputer``,
     ``QuantileTransformer``/``StandardScaler`` and ``OrdinalEncoder``, fitted on the training
-    split only) is stored in the spec, and with it in every checkpoint, so a checkpoint alone
-    predicts new rows: numeric columns by a quantile transform to a normal (TabM's choice),
-    standard scaling or nothing; missing values an error or imputed with indicators
-    (``missing``); constant columns dropped with a warning; categories coded by their
-    training categories with one "unknown" code per column for categories first seen later
-    (counted in a warning, never dropped); bins for piecewise-linear embeddings on the
-    transformed training features; regression targets optionally log-transformed (the module
-    standardises them with the spec's mean and std).
+    split only) is stored in the spec, and with it in every checkpoint (the module saves it as
+    fitted state, outside its hyperparameters), so a checkpoint alone predicts new rows: numeric
+    columns by a quantile transform to a normal (TabM's choice), standard scaling or nothing;
+    missing values an error or imputed with indicators (``missing``); constant columns dropped
+    with a warning; categories coded by their training categories with one "unknown" code per
+    column for categories first seen later (counted in a warning, never dropped); bins for
+    piecewise-linear embeddings on the transformed training features; regression targets
+    optionally log-transformed (the module standardises them with the spec's mean and std).
 
     Prediction: ``predict_path`` names a CSV/TSV/Parquet file of new rows (the target column
     optional, extra columns ignored with a note, missing ones an error naming them); its rows
@@ -507,7 +508,10 @@ def _undecodable_place(file: Path, encoding: str, err: UnicodeDecodeError) -> st
 
 
 def spec_from_checkpoint(path: str) -> TabularSpec:
-    """The ``TabularSpec`` a checkpoint's model was trained with (``weights_only=True``)."""
+    """The ``TabularSpec`` a checkpoint's model was trained with (``weights_only=True``).
+
+    The compact spec of the hyperparameters, with the fitted state the module saved beside them.
+    """
     file = Path(path).expanduser()
     arg = "data.init_args.preprocessing_from"
     checkpoint = read_checkpoint(file, option=f"{arg} (or --ckpt_path)")
@@ -516,7 +520,8 @@ def spec_from_checkpoint(path: str) -> TabularSpec:
         raise TabularDataError(file_problem(
             file, "has no data_spec hyperparameter (it was not saved by a tabular ripieno model)",
             f"point {arg} at a tabular checkpoint"))
-    return TabularSpec.coerce(spec)
+    spec = TabularSpec.coerce(spec)
+    return spec.with_fitted_state(checkpoint.get(FITTED_STATE_KEY) or {})
 
 
 # ------------------------------------------------------------------------- validation

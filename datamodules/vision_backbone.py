@@ -29,7 +29,7 @@ import hashlib
 import io
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -44,6 +44,8 @@ from ripieno.datamodules.images import SOURCES as IMAGE_SOURCES
 from ripieno.datamodules.images import ImageDataError, MissingImageDataError, load_source
 from ripieno.datamodules.splits import check_split_args, official_split_rows, seeded_splits
 from ripieno.framework.backbones.model_folder import json_object
+from ripieno.framework.extras import require
+from ripieno.framework.specs.backbone import BackboneDataSpec  # noqa: F401  (re-exported)
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".webp")
 FOLDER = "folder"
@@ -54,63 +56,6 @@ BUILD_HINT = ("build a small random one with"
 
 
 # ------------------------------------------------------------------------------- spec
-@dataclass
-class BackboneDataSpec:
-    """What a backbone-based module must know about its data, passed from datamodule to module.
-
-    Shared by the vision and audio backbone datamodules.
-
-    Attributes:
-        n_classes: number of classes; labels are ``0 .. n_classes - 1``.
-        class_names: class labels in code order.
-        n_train: training rows.
-        n_val: validation rows.
-        n_test: test rows.
-        dataset: name of the source (shipped name or folder path).
-        input_keys: the model's input tensors in every batch (``y`` excluded).
-        model_dir: local folder of the backbone and its preprocessing config.
-        modality: ``image`` or ``audio``.
-        sampling_rate: audio samples per second fed to the model (``None`` for images).
-    """
-
-    n_classes: int
-    class_names: list[str]
-    n_train: int
-    n_val: int
-    n_test: int
-    dataset: str
-    input_keys: list[str] = field(default_factory=list)
-    model_dir: str = ""
-    modality: str = "image"
-    sampling_rate: int | None = None
-
-    def __post_init__(self) -> None:
-        """Check the invariants a model relies on."""
-        self.class_names = [str(c) for c in self.class_names]
-        self.input_keys = [str(k) for k in self.input_keys]
-        if self.n_classes < 2 or len(self.class_names) != self.n_classes:
-            raise DataModuleError(f"n_classes={self.n_classes} needs >= 2 classes and as many class_names"
-                                  f" (got {len(self.class_names)}).")
-        if not self.input_keys or "y" in self.input_keys:
-            raise DataModuleError(f"input_keys must name the model inputs (not 'y'), got {self.input_keys}.")
-        if self.modality not in ("image", "audio"):
-            raise DataModuleError(f"modality must be 'image' or 'audio', got {self.modality!r}.")
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain-Python form (safe for YAML hparams and ``weights_only`` checkpoints)."""
-        return asdict(self)
-
-    @classmethod
-    def coerce(cls, value: BackboneDataSpec | dict[str, Any]) -> BackboneDataSpec:
-        """Accept a spec or its dict form."""
-        if isinstance(value, cls):
-            return value
-        if isinstance(value, dict):
-            return cls(**value)
-        raise TypeError(f"data_spec must be a BackboneDataSpec or dict, got {type(value).__name__}; pass"
-                        " datamodule.spec (the ripieno CLI links it for you).")
-
-
 # --------------------------------------------------------------------- preprocessing
 class ImagePreprocessor:
     """A backbone's own image preprocessing: RGB PIL images -> ``float32 (B, 3, H, W)``.
@@ -132,6 +77,7 @@ class ImagePreprocessor:
         self.transform: Callable[[Image.Image], Tensor] | None = None
         timm_cfg = _timm_pretrained_cfg(path)
         if (path / "preprocessor_config.json").is_file():
+            require("vision", "transformers", "BackboneImageDataModule")
             from transformers import AutoImageProcessor
 
             json_object(path / "preprocessor_config.json",  # a broken file: its name, not transformers' trace
@@ -144,6 +90,7 @@ class ImagePreprocessor:
                                      f" config ({reason}); is model_dir an audio or text model?") from err
             self.kind = "hf"
         elif timm_cfg is not None:
+            require("vision", "timm", "BackboneImageDataModule")
             from timm.data import create_transform, resolve_data_config
 
             self.transform = create_transform(**resolve_data_config({}, pretrained_cfg=timm_cfg),

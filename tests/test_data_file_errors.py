@@ -183,9 +183,9 @@ def test_cli_encoding_argument_trains_on_a_latin1_table(tmp_path):
           "--data.init_args.n_bins=8", "--model.init_args.k=2", "--model.init_args.d_block=8", *QUIET,
           "--trainer.enable_model_summary=false", "--test_after_fit=false",
           f"--trainer.default_root_dir={tmp_path / 'run'}"])
-    spec = torch.load(next((tmp_path / "run").rglob("last.ckpt")), map_location="cpu",
-                      weights_only=True)["hyper_parameters"]["data_spec"]
-    categories = TabularPreprocessor.from_state(spec["preprocessing"]).category_names["colour"]
+    fitted = torch.load(next((tmp_path / "run").rglob("last.ckpt")), map_location="cpu",
+                        weights_only=True)["ripieno_data_spec_fitted"]  # the spec's fitted state
+    categories = TabularPreprocessor.from_state(fitted["preprocessing"]).category_names["colour"]
     assert sorted(categories) == sorted(pd.read_csv(table, encoding="latin-1")["colour"].unique())
 
 

@@ -42,7 +42,9 @@ def test_training_loss_is_mean_of_member_losses(task):
         else:
             per_member.append(F.mse_loss(raw[:, k, 0], (batch["y"] - 2.0) / 3.0))
     expected = torch.stack(per_member).mean()
-    assert torch.allclose(model.member_loss(raw, batch["y"]), expected, atol=1e-6)
+    # member_loss reads the protocol's member outputs (regression: target units, the loss divided
+    # by target_scale() ** 2), which is the loss of the raw standardised outputs.
+    assert torch.allclose(model.member_loss(model.forward_members(batch), batch["y"]), expected, atol=1e-6)
 
 
 def test_prediction_is_mean_of_member_probabilities():

@@ -60,7 +60,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
@@ -68,6 +68,7 @@ import torch
 from torch import Tensor
 
 from ripieno.framework.mcover.permutations import PermutationBank
+from ripieno.framework.specs.teacher_student import TeacherStudentSpec  # noqa: F401  (re-exported)
 
 Inputs = Literal["gaussian", "binary"]
 INPUTS: tuple[str, ...] = ("gaussian", "binary")
@@ -212,59 +213,6 @@ def vote_generalization_error(w: Tensor, teacher: Tensor, n_samples: int = 2**16
     fields = z @ root.T
     truth = torch.where(fields[:, 0] > 0, 1.0, -1.0).to(torch.float64)
     return (vote_labels(fields[:, 1:-1], fields[:, -1]) != truth).to(torch.float64).mean()
-
-
-@dataclass
-class TeacherStudentSpec:
-    """What a perceptron model must know about its teacher-student data.
-
-    Attributes:
-        n_inputs: ``N``.
-        n_train: training patterns ``P = round(alpha N)``.
-        n_val: validation patterns.
-        n_test: test patterns.
-        inputs: ``gaussian`` or ``binary``.
-        label_noise: flip probability of the training labels.
-        teacher: the teacher ``(N,)`` as a list of ``+-1`` (the generalisation error is
-            computed from it in closed form).
-    """
-
-    n_inputs: int
-    n_train: int
-    n_val: int
-    n_test: int
-    inputs: str
-    label_noise: float
-    teacher: list[int] = field(repr=False)
-
-    def __post_init__(self) -> None:
-        """Check the invariants the model relies on."""
-        self.teacher = [int(t) for t in self.teacher]
-        if len(self.teacher) != self.n_inputs or any(t not in (-1, 1) for t in self.teacher):
-            raise ValueError(f"teacher must be {self.n_inputs} values in {{-1, +1}}.")
-
-    @property
-    def alpha(self) -> float:
-        """``P / N``."""
-        return self.n_train / self.n_inputs
-
-    def teacher_tensor(self) -> Tensor:
-        """The teacher as a float64 tensor ``(N,)``."""
-        return torch.tensor(self.teacher, dtype=torch.float64)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain-Python form (safe for YAML hparams and ``weights_only`` checkpoints)."""
-        return asdict(self)
-
-    @classmethod
-    def coerce(cls, value: TeacherStudentSpec | dict[str, Any]) -> TeacherStudentSpec:
-        """Accept a spec or its dict form."""
-        if isinstance(value, cls):
-            return value
-        if isinstance(value, dict):
-            return cls(**value)
-        raise TypeError(f"data_spec must be a TeacherStudentSpec or dict, got {type(value).__name__}; pass"
-                        " datamodule.spec (the ripieno CLI links it for you).")
 
 
 # ------------------------------------------------------------------------ annealing

@@ -118,20 +118,43 @@ class MemberModule(LossTermsMixin, RNGStateMixin, L.LightningModule):
     def step(self, batch: dict[str, Tensor], stage: str) -> StepOutput:
         """Loss and member outputs of a batch; rows labelled ``-1`` are not in the loss.
 
+        A method that overrides ``step`` (to add outputs, or route its training copies) takes
+        its loss from ``labelled_loss``, so every method scales and masks alike.
+
         Args:
             batch: a dict with the model inputs and ``y``.
             stage: ``train``, ``val`` or ``test``.
         """
         outputs, target = self.forward_members(batch), batch["y"]
         out: StepOutput = {"member_outputs": outputs, "target": target}
+        loss = self.labelled_loss(outputs, target, stage)
+        if loss is not None:
+            out["loss"] = loss
+        return out
+
+    def labelled_loss(self, member_outputs: Tensor, target: Tensor, stage: str) -> Tensor | None:
+        """``member_loss`` of the rows with a label (``scored_rows``): the one masking rule.
+
+        Rows labelled ``-1`` (unlabelled, or an OOD test loader) are left out. A batch without
+        a labelled row gives a zero that keeps the graph in training, and no loss (``None``)
+        in evaluation.
+
+        Example:
+            >>> import torch
+            >>> module = MemberModule()
+            >>> module.init_members("logits", 3)
+            >>> logits, y = torch.zeros(4, 2, 3), torch.tensor([0, 1, -1, -1])
+            >>> round(float(module.labelled_loss(logits, y, "val")), 4)  # log 3: only the two labelled
+            1.0986
+            >>> module.labelled_loss(logits, torch.full((4,), -1), "val") is None
+            True
+        """
         scored = self.scored_rows(target)
         if scored is None:
-            out["loss"] = self.member_loss(outputs, target)
-        elif bool(scored.any()):
-            out["loss"] = self.member_loss(outputs[scored], target[scored])
-        elif stage == "train":
-            out["loss"] = outputs.sum() * 0.0
-        return out
+            return self.member_loss(member_outputs, target)
+        if bool(scored.any()):
+            return self.member_loss(member_outputs[scored], target[scored])
+        return member_outputs.sum() * 0.0 if stage == "train" else None
 
     def scored_rows(self, target: Tensor) -> Tensor | None:
         """Mask of rows with a label (classification ``>= 0``), ``None`` when all are."""

@@ -13,7 +13,6 @@ from collections.abc import Iterable
 from typing import Any, Literal
 
 import lightning as L
-import torch.nn.functional as F
 import torchmetrics
 from torch import Tensor
 from torchmetrics import Metric, MetricCollection
@@ -120,9 +119,8 @@ class TabularEnsembleModule(TabularPredictionMixin, MemberModule):
     ) -> None:
         super().__init__()
         spec = TabularSpec.coerce(data_spec)
-        data_spec = spec.to_dict()  # plain dict in hparams: YAML-friendly, weights_only-safe
         self.save_hyperparameters()
-        self.spec = spec
+        self.use_spec(spec)  # hparams keep the compact spec; its fitted state goes to checkpoints
         self.task: Literal["regression", "binary", "multiclass"] = spec.task
         self.net = TabularEnsembleNet(
             n_num_features=spec.n_num_features, cat_cardinalities=spec.cat_cardinalities,
@@ -174,25 +172,18 @@ class TabularEnsembleModule(TabularPredictionMixin, MemberModule):
 
     # ----------------------------------------------------------------------- steps
     def forward_members(self, batch: dict[str, Tensor]) -> Tensor:
-        """Member outputs of the protocol: logits, or regression values in target units ``(B, K, 1)``."""
-        return self._protocol_outputs(self(batch["x_num"], batch.get("x_cat")))
+        """Member outputs of the protocol: logits, or regression values in target units ``(B, K, 1)``.
 
-    def _protocol_outputs(self, raw: Tensor) -> Tensor:
+        The base's ``step`` scores them: the loss of rows labelled ``-1`` is left out, and the
+        regression squared error is divided by ``target_scale() ** 2`` (the loss of the
+        standardised outputs).
+        """
+        raw = self(batch["x_num"], batch.get("x_cat"))
         return self.member_predictions(raw)[..., None] if self.task == "regression" else raw
 
-    def member_loss(self, raw: Tensor, y: Tensor) -> Tensor:
-        """Mean over members (and rows) of the per-member loss, on standardised outputs."""
-        k = raw.shape[1]
-        if self.task == "regression":
-            target = ((y.float() - self.spec.target_mean) / self.spec.target_std)[:, None]
-            return F.mse_loss(raw[..., 0].float(), target.expand(-1, k))
-        return super().member_loss(raw, y)
-
-    def step(self, batch: dict[str, Tensor], stage: str) -> StepOutput:
-        """Mean member loss of the raw (standardised) outputs; member outputs as the protocol says."""
-        raw = self(batch["x_num"], batch.get("x_cat"))
-        return {"loss": self.member_loss(raw, batch["y"]), "member_outputs": self._protocol_outputs(raw),
-                "target": batch["y"]}
+    def target_scale(self) -> float:
+        """Regression trains on the squared error of standardised targets (``target_std``)."""
+        return float(self.spec.target_std) if self.task == "regression" else 1.0
 
     def build_metrics(self) -> dict[str, Metric]:
         """The protocol's metrics, and ``rmse_original`` (raw units) for transformed targets."""
@@ -258,6 +249,7 @@ class TabularEnsembleModule(TabularPredictionMixin, MemberModule):
         predictions, target = collect_member_predictions(self, dataloader)
         selection = choose_members(predictions, target, k, method, metric)
         selected = subset_members(self, selection.indices)
+        selected.use_spec(self.spec)  # built from the compact hparams: give it the fitted state too
         selected.member_selection = selection
         return selected
 

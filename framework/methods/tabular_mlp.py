@@ -47,10 +47,10 @@ class TabularMLP(TabularPredictionMixin, MemberModule):
     ) -> None:
         super().__init__()
         spec = TabularSpec.coerce(data_spec)
-        data_spec = spec.to_dict()
         hidden = list(hidden) if hidden is not None else [128, 128]
         self.save_hyperparameters()
-        self.spec, self.task = spec, spec.task
+        self.use_spec(spec)  # hparams keep the compact spec; its fitted state goes to checkpoints
+        self.task = spec.task
         self.cat_encoding = OneHotEncoding(spec.cat_cardinalities) if spec.cat_cardinalities else None
         d_in = spec.n_num_features + (self.cat_encoding.d_out if self.cat_encoding is not None else 0)
         layers: list[nn.Module] = []

@@ -1,6 +1,14 @@
-"""Predictions of tabular modules on a user's own rows, from the module (checkpoint) alone."""
+"""Predictions of tabular modules on a user's own rows, from the module (checkpoint) alone.
+
+The fitted state of the module's ``TabularSpec`` (preprocessing, bin edges, long class
+names: ``TabularSpec.fitted_state``) is not a hyperparameter: the module's hyperparameters
+hold the compact spec (``hparams_dict``) and its checkpoints hold the fitted state under
+``FITTED_STATE_KEY``, restored by ``on_load_checkpoint`` before the weights load.
+"""
 
 from __future__ import annotations
+
+from typing import Any
 
 import pandas as pd
 import torch
@@ -8,6 +16,7 @@ from torch import Tensor
 
 from ripieno.framework.members import member_predictions
 from ripieno.framework.outputs.prediction_table import insert_ids, prediction_table
+from ripieno.framework.specs.base import FITTED_STATE_KEY
 from ripieno.framework.specs.tabular import TabularSpec
 from ripieno.framework.specs.tabular_preprocessing import TabularPreprocessor
 
@@ -18,11 +27,36 @@ ROW_ID = "row"
 class TabularPredictionMixin:
     """``predict_frame`` and ``prediction_frame`` for modules with a ``TabularSpec`` in ``spec``.
 
-    The spec carries the fitted preprocessing (``spec.preprocessing``), so a module loaded
-    from a checkpoint turns raw rows into inputs exactly as its training data was prepared.
+    The spec carries the fitted preprocessing (``spec.preprocessing``); the checkpoint hooks
+    save and restore it (module docstring), so a module loaded from a checkpoint turns raw
+    rows into inputs exactly as its training data was prepared. A module keeps the compact
+    spec in ``hparams.data_spec`` (``use_spec``).
     """
 
     spec: TabularSpec
+
+    def use_spec(self, spec: TabularSpec) -> None:
+        """Make ``spec`` the module's spec; ``hparams.data_spec`` keeps its compact form."""
+        self.spec = spec
+        self.__dict__.pop("_tabular_preprocessor", None)
+        for name in ("_hparams", "_hparams_initial"):  # what loggers and checkpoints receive
+            hparams = getattr(self, name, None)
+            if hparams is not None and "data_spec" in hparams:
+                hparams["data_spec"] = spec.hparams_dict()
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Save the spec's fitted state (plain Python) beside the hyperparameters."""
+        super().on_save_checkpoint(checkpoint)  # type: ignore[misc]
+        state = self.spec.fitted_state()
+        if state:
+            checkpoint[FITTED_STATE_KEY] = state
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Restore the spec's fitted state (called after ``__init__``, before the weights load)."""
+        super().on_load_checkpoint(checkpoint)  # type: ignore[misc]
+        state = checkpoint.get(FITTED_STATE_KEY)
+        if state:
+            self.use_spec(self.spec.with_fitted_state(state))
 
     @property
     def preprocessor(self) -> TabularPreprocessor:
@@ -31,9 +65,10 @@ class TabularPredictionMixin:
         if cached is None:
             if self.spec.preprocessing is None:
                 raise ValueError(
-                    "This model's data_spec has no fitted preprocessing (it was built by hand, or"
-                    " saved by an older ripieno), so it cannot read raw rows; train it with"
-                    " TabularDataModule, or pass model inputs to forward()."
+                    "This model's data_spec has no fitted preprocessing (a spec built by hand, or the"
+                    " compact hparams spec without its checkpoint), so it cannot read raw rows; train it"
+                    " with TabularDataModule, load it with load_from_checkpoint, or pass model inputs to"
+                    " forward()."
                 )
             cached = TabularPreprocessor.from_state(self.spec.preprocessing)
             self.__dict__["_tabular_preprocessor"] = cached

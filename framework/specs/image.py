@@ -6,12 +6,13 @@ it without importing ``datamodules``.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
+
+from ripieno.framework.specs.base import DataSpec
 
 
 @dataclass
-class ImageSpec:
+class ImageSpec(DataSpec):
     """What an image model must know about its data, passed from datamodule to module.
 
     Attributes:
@@ -55,21 +56,3 @@ class ImageSpec:
     def in_channels(self) -> int:
         """Image channels (1 for grey, 3 for RGB)."""
         return self.image_shape[0]
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain-Python form (lists, no tuples: safe for YAML hparams and ``weights_only``)."""
-        out = asdict(self)
-        out["image_shape"] = list(self.image_shape)
-        return out
-
-    @classmethod
-    def coerce(cls, value: ImageSpec | dict[str, Any]) -> ImageSpec:
-        """Accept a spec or its dict form."""
-        if isinstance(value, cls):
-            return value
-        if isinstance(value, dict):
-            return cls(**value)
-        raise TypeError(
-            f"data_spec must be an ImageSpec or dict, got {type(value).__name__}; pass"
-            " datamodule.spec (the ripieno CLI links it for you)."
-        )

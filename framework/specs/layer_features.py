@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
+
+from ripieno.framework.specs.base import DataSpec
 
 
 @dataclass
-class LayerFeatureSpec:
+class LayerFeatureSpec(DataSpec):
     """The selected layers of a backbone and the classification task on top of them.
 
     Attributes:
@@ -64,17 +65,3 @@ class LayerFeatureSpec:
                                 or not all(0 < d <= self.d_model for d in self.layer_dims)):
             raise ValueError(f"layer_dims {self.layer_dims} must give one width <= d_model={self.d_model}"
                              f" per selected layer ({len(self.selected_layers)}).")
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain-Python form (safe for YAML hparams and ``weights_only`` checkpoints)."""
-        return asdict(self)
-
-    @classmethod
-    def coerce(cls, value: LayerFeatureSpec | dict[str, Any]) -> LayerFeatureSpec:
-        """Accept a spec or its dict form."""
-        if isinstance(value, cls):
-            return value
-        if isinstance(value, dict):
-            return cls(**value)
-        raise TypeError(f"data_spec must be a LayerFeatureSpec or dict, got {type(value).__name__}; pass"
-                        " datamodule.spec (the ripieno CLI links it for you).")

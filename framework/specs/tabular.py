@@ -2,27 +2,34 @@
 
 The datamodule fits its preprocessing on the training split and describes the result
 in a ``TabularSpec``; the ripieno CLI links ``data.spec`` into ``model.data_spec``.
-The module stores it as a plain dict in its hyperparameters, so checkpoints load with
-``load_from_checkpoint`` and without the data.
+The module keeps the compact part in its hyperparameters (``hparams_dict``: what sizes the
+network) and the fitted state (preprocessing, bin edges, many class names) in its checkpoint
+(``fitted_state``), so checkpoints load with ``load_from_checkpoint`` and without the data,
+and ``hparams.yaml`` and loggers stay small.
 """
 
 from __future__ import annotations
 
+import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
+from ripieno.framework.specs.base import DataSpec
+
 Task = Literal["regression", "binary", "multiclass"]
 TASKS: tuple[str, ...] = ("regression", "binary", "multiclass")
 LabelType = Literal["text", "integer", "boolean"]
 LABEL_TYPES: tuple[str, ...] = ("text", "integer", "boolean")
+LONG_CLASS_NAMES = 512
+"""Class names longer than this as JSON (characters) are fitted state, not hyperparameters."""
 
 
 @dataclass
-class TabularSpec:
+class TabularSpec(DataSpec):
     """Feature layout, task and target scaling of a prepared tabular data set.
 
     Attributes:
@@ -47,7 +54,24 @@ class TabularSpec:
         preprocessing: the fitted feature preprocessing
             (``ripieno.framework.specs.tabular_preprocessing.TabularPreprocessor.state_dict``), so the
             model alone turns new rows into inputs; ``None`` for a spec built by hand.
+        bin_counts: bins per numeric feature (``len(edges) - 1`` of ``bins``); set from ``bins``,
+            and all that remains of them in ``hparams_dict`` (it sizes the embeddings).
+
+    Fitted state (``fitted_fields``): ``preprocessing`` and ``bins``, and ``class_names`` when
+    they are long (more than ``LONG_CLASS_NAMES`` characters as JSON).
+
+    Example:
+        >>> spec = TabularSpec("regression", 2, bins=[[0.0, 0.5, 1.0], [0.0, 1.0]])
+        >>> spec.bin_counts
+        [2, 1]
+        >>> compact = spec.hparams_dict()
+        >>> "bins" in compact, compact["bin_counts"]
+        (False, [2, 1])
+        >>> TabularSpec.coerce(compact).with_fitted_state(spec.fitted_state()) == spec
+        True
     """
+
+    fitted_fields = ("preprocessing", "bins", "class_names")
 
     task: Task
     n_num_features: int
@@ -64,6 +88,7 @@ class TabularSpec:
     target_name: str | None = None
     id_column: str | None = None
     preprocessing: dict[str, Any] | None = None
+    bin_counts: list[int] | None = None
 
     def __post_init__(self) -> None:
         """Check the invariants a model relies on."""
@@ -79,6 +104,16 @@ class TabularSpec:
             raise ValueError(f"label_type must be one of {LABEL_TYPES}, got {self.label_type!r}.")
         if self.bins is not None and len(self.bins) != self.n_num_features:
             raise ValueError(f"{len(self.bins)} bin lists for {self.n_num_features} numeric features.")
+        if self.bins is not None:
+            counts = [len(edges) - 1 for edges in self.bins]
+            if self.bin_counts is not None and list(self.bin_counts) != counts:
+                raise ValueError(f"bin_counts {self.bin_counts} do not match the bins' {counts}.")
+            self.bin_counts = counts
+        if self.bin_counts is not None:
+            self.bin_counts = [int(n) for n in self.bin_counts]
+            if len(self.bin_counts) != self.n_num_features or min(self.bin_counts, default=1) < 1:
+                raise ValueError(f"bin_counts {self.bin_counts} must give >= 1 bin for each of the"
+                                 f" {self.n_num_features} numeric features.")
 
     @property
     def d_out(self) -> int:
@@ -100,23 +135,21 @@ class TabularSpec:
         return list(self.class_names)
 
     def bin_tensors(self) -> list[Tensor] | None:
-        """Bin edges as float32 tensors (or ``None``)."""
-        if self.bins is None:
-            return None
-        return [torch.tensor(edges, dtype=torch.float32) for edges in self.bins]
+        """Bin edges as float32 tensors (or ``None`` without bins).
 
-    def to_dict(self) -> dict[str, Any]:
-        """Plain-Python form (safe for YAML hyperparameters and ``weights_only`` loading)."""
-        return asdict(self)
+        A compact spec (``hparams_dict``: ``bin_counts`` without ``bins``) gives placeholder
+        edges ``0, 1, ..., n``: they size the embeddings, whose buffers the checkpoint's
+        ``state_dict`` then replaces with the fitted ones.
+        """
+        if self.bins is not None:
+            return [torch.tensor(edges, dtype=torch.float32) for edges in self.bins]
+        if self.bin_counts is not None:
+            return [torch.arange(n + 1, dtype=torch.float32) for n in self.bin_counts]
+        return None
 
-    @classmethod
-    def coerce(cls, value: TabularSpec | dict[str, Any]) -> TabularSpec:
-        """Accept a spec or its dict form."""
-        if isinstance(value, cls):
-            return value
-        if isinstance(value, dict):
-            return cls(**value)
-        raise TypeError(
-            f"data_spec must be a TabularSpec or dict, got {type(value).__name__}; pass"
-            " datamodule.spec (the ripieno CLI links it for you)."
-        )
+    def fitted_state(self) -> dict[str, Any]:
+        """``preprocessing`` and ``bins`` when set, and ``class_names`` when long."""
+        state = super().fitted_state()
+        if len(json.dumps(state.get("class_names", []))) <= LONG_CLASS_NAMES:
+            state.pop("class_names", None)
+        return state

@@ -6,12 +6,13 @@ without importing ``datamodules``.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import dataclass
+
+from ripieno.framework.specs.base import DataSpec
 
 
 @dataclass
-class TextSpec:
+class TextSpec(DataSpec):
     """What a text model must know about its data, passed from datamodule to module.
 
     Attributes:
@@ -52,19 +53,3 @@ class TextSpec:
         if not 0 <= self.pad_token_id < self.vocab_size:
             raise ValueError(f"pad_token_id={self.pad_token_id} is outside the vocabulary (size"
                              f" {self.vocab_size}).")
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain-Python form (safe for YAML hparams and ``weights_only``)."""
-        return asdict(self)
-
-    @classmethod
-    def coerce(cls, value: TextSpec | dict[str, Any]) -> TextSpec:
-        """Accept a spec or its dict form."""
-        if isinstance(value, cls):
-            return value
-        if isinstance(value, dict):
-            return cls(**value)
-        raise TypeError(
-            f"data_spec must be a TextSpec or dict, got {type(value).__name__}; pass"
-            " datamodule.spec (the ripieno CLI links it for you)."
-        )
