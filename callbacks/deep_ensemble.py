@@ -16,7 +16,7 @@ import lightning as L
 import torch
 
 from ripieno.callbacks.posterior_predictive import PosteriorPredictiveCallback
-from ripieno.callbacks.sampler_settings import SamplerSettingError, check_likelihood, setting_error
+from ripieno.callbacks.sampler_settings import SamplerSettingError, setting_error
 from ripieno.callbacks.temperature_scaling import TemperatureScaling
 from ripieno.framework.checkpoint_file import read_checkpoint
 from ripieno.framework.uq.linearization import call_model
@@ -53,20 +53,19 @@ class DeepEnsembleSampler(PosteriorPredictiveCallback):
         ood_dataloader_idx: int | None = None,
         temperature: float | TemperatureScaling | Literal["callback"] | None = None,
     ) -> None:
-        super().__init__(input_key, target_key, ood_dataloader_idx, temperature=temperature)
+        super().__init__(input_key, target_key, ood_dataloader_idx, temperature=temperature,
+                         likelihood=likelihood, noise_variance=noise_variance)
         if len(checkpoints) < 2:
             raise setting_error(type(self).__name__, "checkpoints", checkpoints,
                                 f"a deep ensemble needs at least 2 checkpoints (its members), got"
                                 f" {len(checkpoints)}, as the predictive uncertainty is their spread",
                                 "train the module with 2 or more seeds and list every checkpoint")
-        check_likelihood(type(self).__name__, likelihood, noise_variance)
         missing = [c for c in checkpoints if not Path(c).is_file()]
         if missing:
             error = setting_error(type(self).__name__, "checkpoints", missing, "these files do not exist",
                                   "train the members first, or check the paths")
             raise MissingMemberError(str(error))
         self.checkpoints = list(checkpoints)
-        self.likelihood_setting, self.noise_variance_setting = likelihood, noise_variance
         self.members: list[L.LightningModule] = []
 
     def prepare(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -77,13 +76,9 @@ class DeepEnsembleSampler(PosteriorPredictiveCallback):
         self.members = [
             cls.load_from_checkpoint(path, map_location=pl_module.device, weights_only=True).eval()
             for path in self.checkpoints]
-        self.likelihood = self.resolve_likelihood(pl_module, self.likelihood_setting)
+        self.likelihood = self.resolve_likelihood(pl_module)
         if self.likelihood == "regression":
-            noise = self.noise_variance_setting
-            if noise is None and trainer.datamodule is not None:
-                noise = self.training_noise_variance(pl_module, trainer.datamodule.train_dataloader(),
-                                                     self.input_fn(pl_module))
-            self.noise_variance = float(noise or 1.0)
+            self.noise_variance = float(self.regression_noise_variance(trainer, pl_module) or 1.0)
 
     @torch.no_grad()
     def sample(self, pl_module: L.LightningModule, batch: Any) -> torch.Tensor:  # noqa: ANN401

@@ -15,6 +15,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from torchmetrics import MetricCollection
 from typing_extensions import override
 
+from ripieno.framework.members import MemberModel, require_capability
 from ripieno.framework.metrics.diversity import Ambiguity, MemberDisagreement, PairwiseKLDivergence
 
 OutputKind = Literal["auto", "logits", "binary_logits", "probs", "regression"]
@@ -38,7 +39,8 @@ class DiversityMonitor(Callback):
     Args:
         output_kind: how to read member outputs: ``logits`` (multiclass),
             ``binary_logits`` (one logit per member), ``probs``, ``regression``, or
-            ``auto`` to use ``pl_module.member_output_kind``.
+            ``auto`` to use ``pl_module.member_output_kind`` (the module's ``MemberModel``
+            capability, ``ripieno.framework.members``; ``setup`` stops the run without it).
         output_key: key of the member outputs in the step's output dict.
         stages: which of ``val`` and ``test`` to monitor.
     """
@@ -69,12 +71,12 @@ class DiversityMonitor(Callback):
     def _resolve_kind(self, pl_module: L.LightningModule) -> str:
         if self.output_kind != "auto":
             return self.output_kind
-        kind = getattr(pl_module, "member_output_kind", None)
+        fix = ("set member_output_kind on the module, or pass"
+               " DiversityMonitor(output_kind='logits'|'binary_logits'|'probs'|'regression')")
+        kind = require_capability(self, pl_module, MemberModel, fix).member_output_kind
         if kind not in ("logits", "binary_logits", "probs", "regression"):
-            raise ValueError(
-                f"{type(pl_module).__name__} has no member_output_kind attribute; pass"
-                " DiversityMonitor(output_kind='logits'|'binary_logits'|'probs'|'regression')."
-            )
+            raise ValueError(f"DiversityMonitor cannot read {type(pl_module).__name__}'s member_output_kind"
+                             f" {kind!r}; {fix}.")
         return kind
 
     @override

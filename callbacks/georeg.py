@@ -42,10 +42,14 @@ from ripieno.framework.loes.geometry_loss import (
     spectral_imbalance,
 )
 from ripieno.framework.loes.geometry_loss import isotropy as batch_isotropy
+from ripieno.framework.members import LossTermsModel, require_capability
 
 
 class GeoReg(Callback):
     """Geometry regulariser for a module that returns its embedding in the step output.
+
+    The module needs the ``LossTermsModel`` capability (``ripieno.framework.members``);
+    ``setup`` stops the run without it.
 
     Args:
         weight: overall weight of the term (the reference's is 0.1, our default too).
@@ -113,10 +117,9 @@ class GeoReg(Callback):
 
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        if not hasattr(pl_module, "register_loss_term"):
-            raise TypeError(f"{type(pl_module).__name__} has no loss-term extension point; mix in"
-                            " ripieno.framework.methods.loss_terms.LossTermsMixin and add"
-                            " registered_loss_terms(...) to the training loss.")
+        require_capability(self, pl_module, LossTermsModel, "mix in"
+                           " ripieno.framework.methods.loss_terms.LossTermsMixin and add"
+                           " registered_loss_terms(...) to the training loss")
         pl_module.remove_loss_term("georeg")
         pl_module.register_loss_term("georeg", self._term)
 

@@ -31,7 +31,6 @@ from ripieno.callbacks.sampler_settings import (
     check_count,
     check_fraction,
     check_grid,
-    check_likelihood,
     check_n_samples,
     check_positive,
     setting_error,
@@ -161,11 +160,11 @@ class LastLayerSampler(PosteriorPredictiveCallback):
         varroc_prediction: Literal["predictive_mean", "map"] = "predictive_mean",
         temperature: float | TemperatureScaling | Literal["callback"] | None = None,
     ) -> None:
-        super().__init__(input_key, target_key, ood_dataloader_idx, varroc_prediction, temperature)
+        super().__init__(input_key, target_key, ood_dataloader_idx, varroc_prediction, temperature,
+                         likelihood=likelihood, noise_variance=noise_variance)
         owner = type(self).__name__
         check_choice(owner, "glm", glm, ("last_layer", "full"))
         check_choice(owner, "posterior", posterior, ("laplace_ggn", "least_squares_logits"))
-        check_likelihood(owner, likelihood, noise_variance)
         check_choice(owner, "selection", selection, ("validation", "evidence"))
         check_n_samples(owner, n_samples)
         self.posterior = posterior
@@ -192,7 +191,6 @@ class LastLayerSampler(PosteriorPredictiveCallback):
         self.progress_bar = progress_bar
         self.glm, self.last_layer_name = glm, last_layer_name
         self.n_samples, self.prior_precision = n_samples, prior_precision
-        self.noise_variance_setting, self.likelihood_setting = noise_variance, likelihood
         self.solver, self.max_iters, self.seed = solver, max_iters, seed
         self.prior_precision_grid = prior_precision_grid
         if selection == "evidence" and glm != "last_layer":
@@ -252,7 +250,7 @@ class LastLayerSampler(PosteriorPredictiveCallback):
         if self.posterior == "least_squares_logits":
             return self._fit_least_squares(trainer, pl_module)
         loader = self.ordered_train_loader(trainer)
-        likelihood = self.resolve_likelihood(pl_module, self.likelihood_setting)
+        likelihood = self.resolve_likelihood(pl_module)
         with torch.inference_mode(False), torch.enable_grad():
             input_fn = self.input_fn(pl_module)
             lin = self._linearization(pl_module, input_fn)
@@ -260,9 +258,8 @@ class LastLayerSampler(PosteriorPredictiveCallback):
             scale, shift = self.output_affine(pl_module) if likelihood == "regression" else (1.0, 0.0)
             self.affine = (scale, shift)
             noise = self.noise_variance_setting
-            if likelihood == "regression" and noise is None:
-                noise = self.training_noise_variance(pl_module, loader, input_fn)
-                log.info(f"LastLayerSampler: noise_variance estimated as {noise:.4g}")
+            if likelihood == "regression":
+                noise = self.regression_noise_variance(trainer, pl_module, loader, input_fn)
             noise = None if noise is None else noise / scale**2
             self.likelihood = likelihood
             target_fn = functools.partial(self.device_target, device=pl_module.device, affine=self.affine)
@@ -297,7 +294,7 @@ class LastLayerSampler(PosteriorPredictiveCallback):
     def _fit_least_squares(self, trainer: L.Trainer,
                            pl_module: L.LightningModule) -> LeastSquaresLogitSampler:
         """The reference sampler's solve, then ``(gamma, scale)`` by validation LPPD."""
-        likelihood = self.resolve_likelihood(pl_module, self.likelihood_setting)
+        likelihood = self.resolve_likelihood(pl_module)
         if likelihood == "regression":
             raise ValueError(f"posterior='least_squares_logits' fits logits; {type(pl_module).__name__} is a"
                              " regression module: use posterior='laplace_ggn'.")

@@ -34,7 +34,6 @@ from typing_extensions import override
 from ripieno.callbacks.posterior_predictive import PosteriorPredictiveCallback, plain_copy
 from ripieno.callbacks.sampler_settings import (
     check_choice,
-    check_likelihood,
     check_n_samples,
     check_positive,
     setting_error,
@@ -127,7 +126,9 @@ class LaplaceSampler(PosteriorPredictiveCallback):
         temperature: float | TemperatureScaling | Literal["callback"] | None = None,
         progress_bar: bool | None = None,
     ) -> None:
-        super().__init__(input_key, target_key, ood_dataloader_idx, temperature=temperature)
+        super().__init__(input_key, target_key, ood_dataloader_idx, temperature=temperature,
+                         likelihood=likelihood, noise_variance=noise_variance,
+                         likelihoods=("auto", "regression", "classification"))
         self.progress_bar = progress_bar
         owner = type(self).__name__
         check_choice(owner, "subset_of_weights", subset_of_weights, ("last_layer", "all"))
@@ -140,12 +141,10 @@ class LaplaceSampler(PosteriorPredictiveCallback):
         check_n_samples(owner, n_samples)
         check_positive(owner, "prior_precision", prior_precision, "it is the Gaussian prior's precision"
                        " (or its initial value when tuned)")
-        check_likelihood(owner, likelihood, noise_variance, ("auto", "regression", "classification"))
         self.subset_of_weights, self.hessian_structure = subset_of_weights, hessian_structure
         self.last_layer_name, self.n_samples = last_layer_name, n_samples
         self.prior_precision, self.optimize_prior = prior_precision, optimize_prior
         self.prior_structure, self.seed = prior_structure, seed
-        self.noise_variance_setting, self.likelihood_setting = noise_variance, likelihood
         self.la: Any = None
         #: the prior precision of the fitted approximation (after tuning), on CPU.
         self.fitted_prior_precision: Tensor | None = None
@@ -199,7 +198,7 @@ class LaplaceSampler(PosteriorPredictiveCallback):
         except ImportError as err:
             raise ImportError(f"LaplaceSampler needs laplace-torch, an optional dependency: {INSTALL_HINT}"
                               " (or install ripieno's 'laplace' extra).") from err
-        likelihood = self.resolve_likelihood(pl_module, self.likelihood_setting)
+        likelihood = self.resolve_likelihood(pl_module)
         if likelihood == "binary":
             raise ValueError("LaplaceSampler supports softmax classification and regression, not a binary"
                              " single logit; give the model two output logits (task=multiclass).")
@@ -213,11 +212,9 @@ class LaplaceSampler(PosteriorPredictiveCallback):
             kwargs["last_layer_name"] = "module." + find_last_linear(pl_module, self.last_layer_name)[0]
         with torch.inference_mode(False), torch.enable_grad():
             if likelihood == "regression":
-                noise = self.noise_variance_setting
-                if noise is None:
-                    noise = self.training_noise_variance(pl_module, loader, lambda b: self._input(b, device))
-                    log.info(f"LaplaceSampler: noise_variance estimated as {noise:.4g}")
-                kwargs["sigma_noise"] = float(noise) ** 0.5
+                noise = self.regression_noise_variance(trainer, pl_module, loader,
+                                                       lambda b: self._input(b, device))
+                kwargs["sigma_noise"] = float(noise) ** 0.5  # type: ignore[arg-type]  (a loader is given)
             modes = self._eval_modes(pl_module)
             try:
                 la = Laplace(_TensorInputModel(pl_module), likelihood,

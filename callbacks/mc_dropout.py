@@ -14,9 +14,10 @@ from typing import Any, Literal
 import lightning as L
 import torch
 from torch import nn
+from typing_extensions import override
 
 from ripieno.callbacks.posterior_predictive import PosteriorPredictiveCallback
-from ripieno.callbacks.sampler_settings import check_likelihood, check_n_samples
+from ripieno.callbacks.sampler_settings import check_n_samples
 from ripieno.callbacks.temperature_scaling import TemperatureScaling
 from ripieno.framework.uq.linearization import call_model
 
@@ -49,11 +50,10 @@ class MCDropoutSampler(PosteriorPredictiveCallback):
         seed: int = 0,
         temperature: float | TemperatureScaling | Literal["callback"] | None = None,
     ) -> None:
-        super().__init__(input_key, target_key, ood_dataloader_idx, temperature=temperature)
+        super().__init__(input_key, target_key, ood_dataloader_idx, temperature=temperature,
+                         likelihood=likelihood, noise_variance=noise_variance)
         check_n_samples(type(self).__name__, n_samples)
-        check_likelihood(type(self).__name__, likelihood, noise_variance)
         self.n_samples, self.seed = n_samples, seed
-        self.likelihood_setting, self.noise_variance_setting = likelihood, noise_variance
         self._calls = 0
 
     def _dropouts(self, pl_module: L.LightningModule) -> list[nn.Module]:
@@ -66,19 +66,17 @@ class MCDropoutSampler(PosteriorPredictiveCallback):
                 f"{type(pl_module).__name__} has no dropout with p > 0, so MC-dropout would return"
                 " S identical predictions; train with dropout (e.g. model.init_args.dropout=0.1)."
             )
-        self.likelihood = self.resolve_likelihood(pl_module, self.likelihood_setting)
+        self.likelihood = self.resolve_likelihood(pl_module)
         if self.likelihood == "regression":
-            noise = self.noise_variance_setting
-            if noise is None and trainer.datamodule is not None:
-                noise = self.training_noise_variance(pl_module, trainer.datamodule.train_dataloader(),
-                                                     self.input_fn(pl_module))
-            self.noise_variance = float(noise or 1.0)
+            self.noise_variance = float(self.regression_noise_variance(trainer, pl_module) or 1.0)
 
+    @override
     def on_test_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Restart the mask sequence so that every test run draws the same masks."""
         super().on_test_start(trainer, pl_module)
         self._calls = 0
 
+    @override
     def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Restart the mask sequence so that every predict run draws the same masks."""
         super().on_predict_start(trainer, pl_module)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -40,8 +41,16 @@ from torchmetrics.classification import MulticlassAccuracy
 from typing_extensions import override
 
 from ripieno.callbacks.figure_logging import log_reliability_diagram
-from ripieno.callbacks.sampler_settings import check_choice, check_count, check_positive, setting_error
+from ripieno.callbacks.sampler_settings import (
+    LIKELIHOODS,
+    check_choice,
+    check_count,
+    check_likelihood,
+    check_positive,
+    setting_error,
+)
 from ripieno.callbacks.temperature_scaling import TemperatureScaling
+from ripieno.framework.members import OutputAffineModel, TaskModel
 from ripieno.framework.messages import get_logger
 from ripieno.framework.metrics.uq import (
     VARROC_PREDICTIONS,
@@ -80,6 +89,13 @@ class PosteriorPredictiveCallback(Callback, ABC):
             a float ``> 0``, a ``TemperatureScaling`` callback (its fitted temperature), or
             ``"callback"`` (the ``TemperatureScaling`` in the trainer's callbacks); ``None``
             leaves the samples unchanged.
+        likelihood: ``auto`` (from the module's ``task``, the ``TaskModel`` capability of
+            ``ripieno.framework.members``; a module without it is read as a classifier, and the
+            log says so), ``regression``, ``classification`` or ``binary``; kept as
+            ``likelihood_setting``.
+        noise_variance: regression noise ``sigma^2``; ``None`` estimates it as the mean squared
+            training residual (``regression_noise_variance``); kept as ``noise_variance_setting``.
+        likelihoods: the ``likelihood`` values the sampler supports.
     """
 
     #: ``regression``, ``classification`` or ``binary``; set by ``prepare``.
@@ -90,9 +106,16 @@ class PosteriorPredictiveCallback(Callback, ABC):
     def __init__(self, input_key: str | list[str] = "x", target_key: str = "y",
                  ood_dataloader_idx: int | None = None,
                  varroc_prediction: Literal["predictive_mean", "map"] = "predictive_mean",
-                 temperature: float | TemperatureScaling | Literal["callback"] | None = None) -> None:
+                 temperature: float | TemperatureScaling | Literal["callback"] | None = None, *,
+                 likelihood: str = "auto", noise_variance: float | None = None,
+                 likelihoods: Sequence[str] = LIKELIHOODS) -> None:
         super().__init__()
         owner = type(self).__name__
+        check_likelihood(owner, likelihood, noise_variance, likelihoods)
+        #: the ``likelihood`` argument (``auto``: resolved from the module by ``resolve_likelihood``).
+        self.likelihood_setting = likelihood
+        #: the ``noise_variance`` argument (``None``: estimated by ``regression_noise_variance``).
+        self.noise_variance_setting = noise_variance
         check_choice(owner, "varroc_prediction", varroc_prediction, VARROC_PREDICTIONS)
         if isinstance(temperature, bool) or (isinstance(temperature, str) and temperature != "callback"):
             raise setting_error(owner, "temperature", temperature,
@@ -179,11 +202,21 @@ class PosteriorPredictiveCallback(Callback, ABC):
         """The target in a batch."""
         return batch[self.target_key] if isinstance(batch, dict) else batch[1]
 
-    def resolve_likelihood(self, pl_module: L.LightningModule, likelihood: str = "auto") -> str:
-        """``likelihood``, or from ``pl_module.task`` when ``auto``."""
+    def resolve_likelihood(self, pl_module: L.LightningModule, likelihood: str | None = None) -> str:
+        """``likelihood`` (default ``likelihood_setting``), or from ``pl_module.task`` when ``auto``.
+
+        A module without ``task`` (the ``TaskModel`` capability) is read as a classifier; the log
+        says so, and a regression module sets ``task`` or the sampler's ``likelihood``.
+        """
+        likelihood = self.likelihood_setting if likelihood is None else likelihood
         if likelihood != "auto":
             return likelihood
-        task = getattr(pl_module, "task", "classification")
+        if not isinstance(pl_module, TaskModel):
+            log.info(f"{type(self).__name__}: {type(pl_module).__name__} has no task attribute, so"
+                     " likelihood='auto' reads it as a classifier; set likelihood='regression' (or the"
+                     " module's task) for a regression module.")
+            return "classification"
+        task = pl_module.task
         return task if task in ("regression", "binary") else "classification"
 
     @staticmethod
@@ -191,10 +224,41 @@ class PosteriorPredictiveCallback(Callback, ABC):
         """``(scale, shift)`` from the module's raw regression outputs to target units.
 
         A module whose forward returns standardised values (the tabular ensembles) says
-        so with an ``output_affine`` attribute; every other module is in target units.
+        so with an ``output_affine`` attribute (the optional ``OutputAffineModel``
+        capability); every other module is in target units.
         """
-        scale, shift = getattr(pl_module, "output_affine", (1.0, 0.0))
+        scale, shift = pl_module.output_affine if isinstance(pl_module, OutputAffineModel) else (1.0, 0.0)
         return float(scale), float(shift)
+
+    def regression_noise_variance(self, trainer: L.Trainer | None, pl_module: L.LightningModule,
+                                  loader: Any = None, input_fn: Any = None,  # noqa: ANN401
+                                  network: torch.nn.Module | None = None) -> float | None:
+        """The regression noise variance: ``noise_variance`` when given, else its estimate (logged).
+
+        The estimate is ``training_noise_variance``: the mean squared training residual of
+        ``network`` in eval mode, in target units.
+
+        Args:
+            trainer: the trainer whose datamodule holds the training data.
+            pl_module: the trained module.
+            loader: the training batches (default: the datamodule's ``train_dataloader()``).
+            input_fn: ``batch -> model input`` (default: ``input_fn(pl_module)``).
+            network: whose residuals count (default ``pl_module``; SWAG: the network at the SWA mean).
+
+        Returns:
+            The variance, or ``None`` when none was given and there is no training data.
+        """
+        if self.noise_variance_setting is not None:
+            return float(self.noise_variance_setting)
+        if loader is None:
+            datamodule = trainer.datamodule if trainer is not None else None
+            if datamodule is None:
+                return None
+            loader = datamodule.train_dataloader()
+        noise = self.training_noise_variance(pl_module if network is None else network, loader,
+                                             self.input_fn(pl_module) if input_fn is None else input_fn)
+        log.info(f"{type(self).__name__}: noise_variance estimated as {noise:.4g}")
+        return noise
 
     def current_temperature(self) -> float | None:
         """The temperature that divides sampled logits now (``None``: no scaling).

@@ -17,6 +17,7 @@ import torch
 from lightning.pytorch.callbacks import BasePredictionWriter
 from typing_extensions import override
 
+from ripieno.framework.members import PredictionFrameModel
 from ripieno.framework.messages import get_logger
 from ripieno.framework.outputs.output_files import numbered_names, write_new_file
 
@@ -28,6 +29,7 @@ class MemberPredictionWriter(BasePredictionWriter):
 
     ``predictions.pt`` holds every key of the step outputs concatenated over batches
     (member axis kept). ``predictions.csv`` is, for modules with ``prediction_frame`` (the
+    optional ``PredictionFrameModel`` capability, ``ripieno.framework.members``: the
     tabular ones), one row per predicted row in data order: the datamodule's id column
     (``prediction_ids``; else ``index``), class probabilities named by class, the label and
     the member spread; for other modules, the ensemble ``prediction`` (one column per class
@@ -89,10 +91,9 @@ class MemberPredictionWriter(BasePredictionWriter):
         """The module's named table (``prediction_frame``) with the datamodule's row ids, if both exist."""
         if self.csv_key != "prediction" or "member_predictions" not in merged:
             return None
-        table_of = getattr(pl_module, "prediction_frame", None)
-        if table_of is None:
+        if not isinstance(pl_module, PredictionFrameModel):  # optional: the plain columns instead
             return None
-        table = table_of(merged["member_predictions"])
+        table = pl_module.prediction_frame(merged["member_predictions"])
         ids_of = getattr(trainer.datamodule, "prediction_ids", None) if trainer.datamodule else None
         if "index" in merged:
             indices = merged["index"].tolist()

@@ -30,20 +30,33 @@ from lightning.pytorch.callbacks import Callback
 from torch import Tensor
 from typing_extensions import override
 
+from ripieno.framework.members import (
+    CollapseParametersModel,
+    CopyParametersModel,
+    LossTermsModel,
+    require_capability,
+)
 
-def copy_parameters(pl_module: L.LightningModule) -> list[Tensor]:
-    """The module's copy-stacked parameters (``copy_parameters()`` on it or its ``net``)."""
-    for owner in (pl_module, getattr(pl_module, "net", None)):
-        fn = getattr(owner, "copy_parameters", None)
-        if callable(fn):
-            return list(fn())
-    raise TypeError(f"{type(pl_module).__name__} has no copy_parameters() (parameters with copies on axis 0);"
-                    " replica couplings need an M-copy module such as"
-                    " ripieno.framework.mcover.MCoverClassifier.")
+COPIES_FIX = ("use an M-copy module whose copy_parameters() (on it or its net) lists parameters with the"
+              " copies on axis 0, such as ripieno.framework.mcover.MCoverClassifier")
+
+
+def copy_parameters(pl_module: L.LightningModule, callback: object | str = "ReplicaCoupling") -> list[Tensor]:
+    """The module's copy-stacked parameters (``copy_parameters()`` on it or its ``net``).
+
+    Raises:
+        MissingCapabilityError: neither has the ``CopyParametersModel`` capability (a ``TypeError``).
+    """
+    owner = require_capability(callback, pl_module, CopyParametersModel, COPIES_FIX,
+                               within=(pl_module, getattr(pl_module, "net", None)))
+    return list(owner.copy_parameters())
 
 
 class ReplicaCoupling(Callback):
     """Replicated SGD: couple every copy to the copies' mean with a growing strength.
+
+    The module needs the ``CopyParametersModel`` (on it or its ``net``) and ``LossTermsModel``
+    capabilities (``ripieno.framework.members``); ``setup`` stops the run without them.
 
     Args:
         gamma0: initial coupling.
@@ -63,9 +76,10 @@ class ReplicaCoupling(Callback):
 
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        copy_parameters(pl_module)
-        if not hasattr(pl_module, "register_loss_term"):
-            raise TypeError(f"{type(pl_module).__name__} has no loss-term extension point (LossTermsMixin).")
+        copy_parameters(pl_module, self)
+        require_capability(self, pl_module, LossTermsModel, "mix in"
+                           " ripieno.framework.methods.loss_terms.LossTermsMixin and add"
+                           " registered_loss_terms(...) to the training loss")
         pl_module.remove_loss_term("replica_coupling")
         pl_module.register_loss_term("replica_coupling", self._term)
 
@@ -73,17 +87,21 @@ class ReplicaCoupling(Callback):
         gamma = self.gamma(module.global_step)
         if getattr(module, "_trainer", None) is not None:  # also callable outside a Trainer
             module.log("train/replica_gamma", gamma, on_step=True, on_epoch=False)
-        total = sum(((p - p.mean(0, keepdim=True)) ** 2).sum() for p in copy_parameters(module))
+        total = sum(((p - p.mean(0, keepdim=True)) ** 2).sum() for p in copy_parameters(module, self))
         return 0.5 * gamma * total
 
     @override
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        if hasattr(pl_module, "remove_loss_term"):
+        if isinstance(pl_module, LossTermsModel):
             pl_module.remove_loss_term("replica_coupling")
 
 
 class ElasticAveraging(Callback):
     """Synchronous EASGD: copies and a centre attract each other every ``period`` steps.
+
+    The module needs the ``CopyParametersModel`` (on it or its ``net``) and
+    ``CollapseParametersModel`` capabilities (``ripieno.framework.members``); ``setup`` stops
+    the run without them.
 
     Args:
         alpha: the moving rate (``eta * rho`` in the paper); ``M * alpha < 1`` keeps the
@@ -102,8 +120,15 @@ class ElasticAveraging(Callback):
         self._seen_step: int | None = None
 
     @override
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        copy_parameters(pl_module, self)
+        require_capability(self, pl_module, CollapseParametersModel, "give the module"
+                           " set_collapse_parameters(parameters) so that the centre is its collapsed"
+                           " predictor (ripieno.framework.mcover.MCoverClassifier has it)")
+
+    @override
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        params = copy_parameters(pl_module)
+        params = copy_parameters(pl_module, self)
         m = params[0].shape[0]
         if m * self.alpha >= 1:
             raise ValueError(f"EASGD needs M * alpha < 1 for a stable centre; M={m}, alpha={self.alpha}.")
@@ -127,11 +152,9 @@ class ElasticAveraging(Callback):
         """Give the module the centre (e.g. one loaded from a checkpoint) on its device."""
         if self.centre is None:
             return
-        params = copy_parameters(pl_module)
+        params = copy_parameters(pl_module, self)
         self.centre = [c.to(p.device) for c, p in zip(self.centre, params, strict=True)]
-        setter = getattr(pl_module, "set_collapse_parameters", None)
-        if callable(setter):
-            setter(self.centre)
+        pl_module.set_collapse_parameters(self.centre)  # type: ignore[operator]  (checked in setup)
 
     @override
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -151,7 +174,7 @@ class ElasticAveraging(Callback):
     def elastic_update(self, pl_module: L.LightningModule) -> None:
         """One EASGD exchange: copies move ``alpha`` towards the centre, the centre towards the copies."""
         assert self.centre is not None
-        for p, c in zip(copy_parameters(pl_module), self.centre, strict=True):
+        for p, c in zip(copy_parameters(pl_module, self), self.centre, strict=True):
             diff = p - c
             p.sub_(self.alpha * diff)
             c.add_(self.alpha * diff.sum(0))

@@ -19,24 +19,31 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
+from ripieno.framework.members import PermutationBankModel, require_capability
 
-def find_routed_module(pl_module: L.LightningModule) -> Any:  # noqa: ANN401
-    """``pl_module`` or its first submodule with ``draw_permutation_bank``.
+
+def find_routed_module(pl_module: L.LightningModule,
+                       callback: object | str = "RoutingResampler") -> PermutationBankModel:
+    """``pl_module`` or its first submodule with the ``PermutationBankModel`` capability.
+
+    Args:
+        pl_module: the module being trained.
+        callback: the callback asking (named in the error).
 
     Raises:
-        TypeError: if there is none (the module is not M-cover routed).
+        MissingCapabilityError: if there is none (the module is not M-cover routed); a ``TypeError``.
     """
-    for module in pl_module.modules():
-        if callable(getattr(module, "draw_permutation_bank", None)) and hasattr(module, "permutation_bank"):
-            return module
-    raise TypeError(f"RoutingResampler needs a module with draw_permutation_bank(generator) and"
-                    f" permutation_bank (e.g. ripieno.framework.mcover.MCoverClassifier);"
-                    f" {type(pl_module).__name__}"
-                    " has neither.")
+    fix = ("route the module's copies through a permutation bank (mix in"
+           " ripieno.framework.mcover.copies.PermutationCopiesMixin, as"
+           " ripieno.framework.mcover.MCoverClassifier does), or drop RoutingResampler")
+    return require_capability(callback, pl_module, PermutationBankModel, fix, within=pl_module.modules())
 
 
 class RoutingResampler(Callback):
     """Redraw the permutation bank every ``every_n_steps`` steps or ``every_n_epochs`` epochs.
+
+    The module (or a submodule) needs the ``PermutationBankModel`` capability
+    (``ripieno.framework.members``); ``setup`` stops the run without it.
 
     Logged at each redraw: ``routing/self_fraction`` (mean of the empirical mixing
     matrix's diagonal; 1 = no mixing), ``routing/mixing_entropy`` (nats; ``log M`` =
@@ -93,11 +100,11 @@ class RoutingResampler(Callback):
 
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        find_routed_module(pl_module)  # fail before training if there is nothing to route
+        find_routed_module(pl_module, self)  # fail before training if there is nothing to route
         self._make_generator()
 
     def _redraw(self, pl_module: L.LightningModule) -> None:
-        routed = find_routed_module(pl_module)
+        routed = find_routed_module(pl_module, self)
         routed.draw_permutation_bank(self._make_generator())
         self.draws += 1
         stats = routed.permutation_bank.statistics()

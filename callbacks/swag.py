@@ -41,7 +41,6 @@ from ripieno.callbacks.posterior_predictive import PosteriorPredictiveCallback
 from ripieno.callbacks.sampler_settings import (
     check_count,
     check_fraction,
-    check_likelihood,
     check_n_samples,
     check_positive,
     setting_error,
@@ -119,7 +118,8 @@ class SWAGSampler(PosteriorPredictiveCallback):
         seed: int = 0,
         temperature: float | TemperatureScaling | Literal["callback"] | None = None,
     ) -> None:
-        super().__init__(input_key, target_key, ood_dataloader_idx, temperature=temperature)
+        super().__init__(input_key, target_key, ood_dataloader_idx, temperature=temperature,
+                         likelihood=likelihood, noise_variance=noise_variance)
         owner = type(self).__name__
         check_n_samples(owner, n_samples)
         if isinstance(swa_start, bool) or not isinstance(swa_start, int | float):
@@ -135,10 +135,8 @@ class SWAGSampler(PosteriorPredictiveCallback):
                                 "set max_rank=0 or 2 or more (20 is the default)")
         check_positive(owner, "var_clamp", var_clamp, "it is the smallest diagonal variance", allow_zero=True)
         check_positive(owner, "scale", scale, "it scales the covariance")
-        check_likelihood(owner, likelihood, noise_variance)
         self.n_samples, self.swa_start, self.collect_every = n_samples, swa_start, collect_every
         self.max_rank, self.var_clamp, self.scale, self.seed = max_rank, var_clamp, scale, seed
-        self.likelihood_setting, self.noise_variance_setting = likelihood, noise_variance
         self._names: list[str] | None = None
         self._shapes: list[torch.Size] = []
         self._averaged: AveragedModel | None = None
@@ -299,14 +297,10 @@ class SWAGSampler(PosteriorPredictiveCallback):
             raise RuntimeError("The module's trainable parameters differ from those SWAG collected.")
         self.variance = torch.clamp(self.sq_mean - self.mean.square(), min=self.var_clamp)
         self._draws = None
-        self.likelihood = self.resolve_likelihood(pl_module, self.likelihood_setting)
-        if self.likelihood == "regression":
-            noise = self.noise_variance_setting
-            if noise is None and trainer is not None and trainer.datamodule is not None:
-                at_mean = _FunctionalModule(pl_module, self._unflatten(self.mean, pl_module))
-                noise = self.training_noise_variance(at_mean, trainer.datamodule.train_dataloader(),
-                                                     self.input_fn(pl_module))
-                log.info(f"SWAGSampler: noise_variance estimated as {noise:.4g}")
+        self.likelihood = self.resolve_likelihood(pl_module)
+        if self.likelihood == "regression":  # the residuals of the network at the SWA mean
+            at_mean = _FunctionalModule(pl_module, self._unflatten(self.mean, pl_module))
+            noise = self.regression_noise_variance(trainer, pl_module, network=at_mean)
             self.noise_variance = float(noise or 1.0)
 
     def sample_parameters(self) -> Tensor:

@@ -70,6 +70,7 @@ from typing_extensions import override
 
 from ripieno.callbacks.figure_logging import log_reliability_diagram
 from ripieno.callbacks.sampler_settings import check_count, check_positive, setting_error
+from ripieno.framework.members import MemberModel, require_capability
 from ripieno.framework.metrics.diversity import member_log_probs
 from ripieno.framework.metrics.uq import BrierScore, ExpectedCalibrationError, PredictiveNLL
 
@@ -161,7 +162,8 @@ class TemperatureScaling(Callback):
 
     Args:
         output_kind: how to read member outputs: ``logits``, ``binary_logits``, ``probs``,
-            or ``auto`` for ``pl_module.member_output_kind``.
+            or ``auto`` for ``pl_module.member_output_kind`` (the module's ``MemberModel``
+            capability, ``ripieno.framework.members``; ``setup`` stops the run without it).
         output_key: key of the member outputs in the step's output dict.
         target_key: key of the class labels in the step's output dict.
         prefix: first part of the logged names (``calibrated/test/nll``).
@@ -220,10 +222,12 @@ class TemperatureScaling(Callback):
     def _resolve_kind(self, pl_module: L.LightningModule) -> str:
         kind = self.output_kind
         if kind == "auto":
-            kind = getattr(pl_module, "member_output_kind", None)
+            fix = ("set member_output_kind on the module, or pass"
+                   " TemperatureScaling(output_kind='logits'|'binary_logits'|'probs')")
+            kind = require_capability(self, pl_module, MemberModel, fix).member_output_kind
             if kind is None:
-                raise ValueError(f"{type(pl_module).__name__} has no member_output_kind attribute; pass"
-                                 " TemperatureScaling(output_kind='logits'|'binary_logits'|'probs').")
+                raise ValueError(f"TemperatureScaling cannot read {type(pl_module).__name__}'s"
+                                 f" member_output_kind None; {fix}.")
         if kind == "regression":
             raise ValueError(f"TemperatureScaling calibrates classification logits;"
                              f" {type(pl_module).__name__} returns regression outputs"

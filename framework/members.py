@@ -21,6 +21,14 @@ Because of this one shape, ``DiversityMonitor``, the UQ metrics and
 ``MemberPredictionWriter`` serve every method, and a user's own LightningModule joins by
 returning the same keys and setting ``member_output_kind``.
 
+What else a callback reads from a module is declared here too, one runtime-checkable protocol
+per capability (``TaskModel``, ``OutputAffineModel``, ``PredictionFrameModel``,
+``LossTermsModel``, ``CopyParametersModel``, ``CollapseParametersModel``,
+``PermutationBankModel``). A callback that needs one checks it in ``setup`` with
+``require_capability``, which stops the run before training with one line naming the
+callback, the capability, the module's class and the fix; an optional one (the callback's
+docstring says what it does without it) is read with ``isinstance``.
+
 Example:
     >>> import torch
     >>> logits = torch.tensor([[[2.0, 0.0], [0.0, 2.0]]])  # one row, two members
@@ -30,10 +38,13 @@ Example:
 
 from __future__ import annotations
 
-from typing import Literal, NotRequired, Protocol, TypedDict, get_args, runtime_checkable
+from collections.abc import Iterable
+from typing import Any, Literal, NotRequired, Protocol, TypedDict, get_args, runtime_checkable
 
 import torch
 from torch import Tensor
+
+from ripieno.framework.errors import RipienoInputError
 
 MemberOutputKind = Literal["logits", "binary_logits", "regression"]
 MEMBER_OUTPUT_KINDS: tuple[str, ...] = get_args(MemberOutputKind)
@@ -58,11 +69,164 @@ class PredictOutput(TypedDict):
     member_predictions: Tensor
 
 
+# ---------------------------------------------------------------- capabilities
+# What callbacks read from a module, one protocol per capability. A callback checks the ones it needs in
+# ``setup`` (``require_capability``), so a module without one stops before training with one line.
+
+
+class MissingCapabilityError(RipienoInputError, TypeError):
+    """A callback needs a module capability that the module lacks; the message names both and the fix."""
+
+
 @runtime_checkable
 class MemberModel(Protocol):
-    """A model whose steps return ``StepOutput`` and that says how to read it."""
+    """Member outputs: steps return ``StepOutput`` and ``member_output_kind`` says how to read it.
+
+    Needed by ``DiversityMonitor`` and ``TemperatureScaling`` with ``output_kind="auto"``.
+    """
 
     member_output_kind: MemberOutputKind
+
+
+@runtime_checkable
+class TaskModel(Protocol):
+    """A module that names its task: ``multiclass``, ``binary`` or ``regression``.
+
+    The posterior samplers read it with ``likelihood="auto"``; a module without it is read as
+    a classifier (the samplers say so in the log), so a regression module sets it or the
+    sampler's ``likelihood``.
+    """
+
+    task: str
+
+
+@runtime_checkable
+class OutputAffineModel(Protocol):
+    """Regression outputs in standardised units: ``output_affine = (scale, shift)`` maps them to the target's.
+
+    Optional for the posterior samplers: a module without it is in the target's units.
+    """
+
+    output_affine: tuple[float, float]
+
+
+@runtime_checkable
+class PredictionFrameModel(Protocol):
+    """A named prediction table: ``prediction_frame(member_predictions) -> pandas.DataFrame``.
+
+    Optional for ``MemberPredictionWriter``: without it the CSV has the ``prediction`` columns only.
+    """
+
+    def prediction_frame(self, members: Tensor) -> Any:  # noqa: ANN401  (a pandas DataFrame)
+        """One row per prediction, with named columns."""
+        ...
+
+
+@runtime_checkable
+class LossTermsModel(Protocol):
+    """The loss-term extension point (``ripieno.framework.methods.loss_terms.LossTermsMixin``).
+
+    Needed by ``GeoReg`` and ``ReplicaCoupling``.
+    """
+
+    def register_loss_term(self, name: str, fn: Any) -> None:  # noqa: ANN401
+        """Add ``fn(module, batch, step_output)`` to every training loss."""
+        ...
+
+    def remove_loss_term(self, name: str) -> None:
+        """Stop adding the term ``name``."""
+        ...
+
+
+@runtime_checkable
+class CopyParametersModel(Protocol):
+    """M model copies: ``copy_parameters()`` lists parameters with the copies on axis 0.
+
+    Needed (on the module or its ``net``) by ``ReplicaCoupling`` and ``ElasticAveraging``.
+    """
+
+    def copy_parameters(self) -> Any:  # noqa: ANN401  (an iterable of tensors)
+        """The copy-stacked parameters."""
+        ...
+
+
+@runtime_checkable
+class CollapseParametersModel(Protocol):
+    """A collapsed predictor a callback can install: ``set_collapse_parameters(parameters)``.
+
+    Needed by ``ElasticAveraging`` (its centre is the collapsed predictor).
+    """
+
+    def set_collapse_parameters(self, parameters: list[Tensor] | None) -> None:
+        """Install ``parameters`` (``None``: the copies' mean)."""
+        ...
+
+
+@runtime_checkable
+class PermutationBankModel(Protocol):
+    """M-cover routing: a ``permutation_bank`` in force and ``draw_permutation_bank(generator)``.
+
+    Needed (on the module or a submodule) by ``RoutingResampler``;
+    ``ripieno.framework.mcover.copies.PermutationCopiesMixin`` provides it.
+    """
+
+    @property
+    def permutation_bank(self) -> Any:  # noqa: ANN401  (a PermutationBank)
+        """The bank in force."""
+        ...
+
+    def draw_permutation_bank(self, generator: torch.Generator) -> None:
+        """Draw a new bank with ``generator`` and install it."""
+        ...
+
+
+def capability_members(capability: type) -> list[str]:
+    """The attribute and method names a capability protocol declares.
+
+    Example:
+        >>> capability_members(PermutationBankModel)
+        ['draw_permutation_bank', 'permutation_bank']
+    """
+    names = set(getattr(capability, "__annotations__", {}))
+    names |= {name for name in vars(capability) if not name.startswith("_")}
+    return sorted(names)
+
+
+def require_capability(callback: object | str, module: object, capability: type, fix: str,
+                       within: Iterable[object] | None = None) -> Any:  # noqa: ANN401
+    """The first of ``within`` (default: ``module`` alone) that has ``capability``, else a one-line error.
+
+    Args:
+        callback: the callback that needs it (its class, or this string, names it in the message).
+        module: the LightningModule (its class names it in the message).
+        capability: a runtime-checkable protocol of this module.
+        fix: how to provide it, e.g. ``"mix in LossTermsMixin"``.
+        within: where to look (e.g. ``module.modules()``); default ``[module]``.
+
+    Raises:
+        MissingCapabilityError: none has it; the message reads ``<Callback> needs the <Capability>
+            capability (<members>), which <Module> lacks (missing: <names>); <fix>.``
+
+    Example:
+        >>> class Plain:
+        ...     pass
+        >>> try:
+        ...     require_capability(object(), Plain(), TaskModel, "set task = 'regression'")
+        ... except MissingCapabilityError as error:
+        ...     print(error)
+        object needs the TaskModel capability (task), which Plain lacks (missing: task); set task =
+        'regression'.
+    """
+    candidates = [module] if within is None else [c for c in within if c is not None]
+    for candidate in candidates:
+        if isinstance(candidate, capability):
+            return candidate
+    members = capability_members(capability)
+    owner = callback if isinstance(callback, str) else type(callback).__name__
+    missing = [name for name in members if not hasattr(module, name)] or members
+    raise MissingCapabilityError(
+        f"{owner} needs the {capability.__name__} capability ({', '.join(members)}), which"
+        f" {type(module).__name__} lacks (missing: {', '.join(missing)}); {fix.rstrip('.')}.")
 
 
 def member_output_kind_of_task(task: str) -> MemberOutputKind:

@@ -42,13 +42,14 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 import torchmetrics
-from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor, nn
 from torchmetrics import Metric, MetricCollection
+from typing_extensions import override
 
 from ripieno.framework.mcover.collapse import CollapseRule, CopyScores, best_copy_index, check_collapse_rule
+from ripieno.framework.mcover.copies import PermutationCopiesMixin
 from ripieno.framework.mcover.kernels import KernelKind, make_kernel
-from ripieno.framework.mcover.permutations import MAX_EXACT_M, PermutationBank, SamplerKind
+from ripieno.framework.mcover.permutations import MAX_EXACT_M, SamplerKind
 from ripieno.framework.mcover.routed_mlp import Activation, Head, RoutedMLP, copy_cross_entropy
 from ripieno.framework.members import PredictOutput, StepOutput
 from ripieno.framework.methods.member_module import MemberModule
@@ -58,7 +59,7 @@ from ripieno.framework.specs.image import ImageSpec
 Routing = Literal["exact", "block_message"]
 
 
-class MCoverClassifier(MemberModule):
+class MCoverClassifier(PermutationCopiesMixin, MemberModule):
     """M-cover routed classifier on flattened inputs (images from ``ImageDataModule``).
 
     Args:
@@ -131,11 +132,7 @@ class MCoverClassifier(MemberModule):
         self.sampler: SamplerKind = auto if sampler == "auto" else sampler
         self.net = RoutedMLP(math.prod(spec.image_shape), hidden, spec.n_classes, m, n_blocks=n_blocks,
                              activation=activation, head=head, committee_size=committee_size, init=init)
-        bank = PermutationBank.draw(self.kernel, max(self.net.n_slots, 1), bank_size,
-                                    torch.Generator().manual_seed(routing_seed), self.sampler)
-        self.register_buffer("bank_perms", bank.perms)  # persistent: checkpoints carry the bank
-        # the copy chosen on validation (-1: none yet); persistent, so test after loading uses it
-        self.register_buffer("best_copy_index", torch.tensor(-1, dtype=torch.long))
+        self.init_permutation_copies(self.net.n_slots, bank_size, routing_seed)  # bank_perms, best_copy_index
         self._collapse_parameters: list[Tensor] | None = None
         self.__dict__["_mean_weights"] = None  # a cache, not a submodule: kept out of state_dict
         self.init_members("logits", spec.n_classes)
@@ -160,17 +157,6 @@ class MCoverClassifier(MemberModule):
         return metrics
 
     # ------------------------------------------------------------------- routing
-    @property
-    def permutation_bank(self) -> PermutationBank:
-        """The bank in force (``(n_slots, S, M)`` permutations)."""
-        return PermutationBank(self.bank_perms)
-
-    def draw_permutation_bank(self, generator: torch.Generator) -> None:
-        """Draw a new bank from this module's kernel with ``generator`` and install it."""
-        bank = PermutationBank.draw(self.kernel, self.bank_perms.shape[0], self.bank_perms.shape[1],
-                                    generator, self.sampler)
-        self.bank_perms.copy_(bank.perms.to(self.bank_perms.device))
-
     def routing_for_step(self, step: int) -> Tensor | None:
         """What ``RoutedMLP.forward`` gets at training step ``step``."""
         if self.net.n_slots == 0:
@@ -196,6 +182,7 @@ class MCoverClassifier(MemberModule):
         return self.net._base_network(list(params[:n]), list(params[n:]))
 
     # --------------------------------------------------------------------- steps
+    @override
     def forward(self, x: Tensor, routing: Tensor | None = None) -> Tensor:
         """Outputs of every copy ``(B, M, C)``; no routing unless ``routing`` is given."""
         return self.net(x, routing)
@@ -207,15 +194,6 @@ class MCoverClassifier(MemberModule):
     def member_loss(self, member_outputs: Tensor, target: Tensor) -> Tensor:
         """Sum over copies of each copy's cross-entropy (``copy_cross_entropy``)."""
         return copy_cross_entropy(member_outputs.float(), target)
-
-    def chosen_copy(self) -> int:
-        """The ``best_copy`` rule's copy: the one chosen on validation (copy 0, with a warning, if none)."""
-        index = int(self.best_copy_index)
-        if index < 0:
-            rank_zero_warn("No validation epoch has chosen a best copy yet; the best_copy predictor is"
-                           " copy 0. Validate (or fit with validation) before testing or predicting.")
-            return 0
-        return index
 
     def collapsed_probabilities(self, x: Tensor) -> Tensor:
         """The ``collapse`` rule's predictive probabilities ``(B, C)`` for inputs ``x``."""
@@ -230,8 +208,11 @@ class MCoverClassifier(MemberModule):
         """Training routes through the bank in force; evaluation adds the mean-weight network's logits."""
         if stage == "train":
             logits = self.net(batch["x"], self.routing_for_step(self.global_step))
-            return {"loss": self.member_loss(logits, batch["y"]), "member_outputs": logits,
-                    "target": batch["y"]}
+            out: StepOutput = {"member_outputs": logits, "target": batch["y"]}
+            loss = self.labelled_loss(logits, batch["y"], stage)  # a tensor in training
+            if loss is not None:
+                out["loss"] = loss
+            return out
         out = super().step(batch, stage)
         collapsed = self._mean_weights if self._mean_weights is not None else self.collapsed_network()
         out["mean_weights_outputs"] = collapsed(batch["x"])  # type: ignore[typeddict-unknown-key]
@@ -267,26 +248,31 @@ class MCoverClassifier(MemberModule):
             metrics["vote_accuracy"].update((decision == target).float())
         return n
 
+    @override
     def on_validation_epoch_start(self) -> None:
         """Fresh metric states and the mean-weight network of the current weights."""
         super().on_validation_epoch_start()
         self.copy_scores["val_"].reset()
         self.__dict__["_mean_weights"] = self.collapsed_network()
 
+    @override
     def on_test_epoch_start(self) -> None:
         """Fresh metric states and the mean-weight network of the current weights."""
         super().on_test_epoch_start()
         self.copy_scores["test_"].reset()
         self.__dict__["_mean_weights"] = self.collapsed_network()
 
+    @override
     def on_predict_epoch_start(self) -> None:
         """The mean-weight network of the current weights."""
         self.__dict__["_mean_weights"] = self.collapsed_network()
 
+    @override
     def on_predict_epoch_end(self) -> None:
         """Drop the cached mean-weight network (the weights may change after this)."""
         self.__dict__["_mean_weights"] = None
 
+    @override
     def on_validation_epoch_end(self) -> None:
         """Choose the best copy on this validation (not in sanity checks) and log every rule."""
         self.__dict__["_mean_weights"] = None
@@ -298,6 +284,7 @@ class MCoverClassifier(MemberModule):
             self.best_copy_index.fill_(index)
         self._log_collapse_rules("val", scores, index)
 
+    @override
     def on_test_epoch_end(self) -> None:
         """Log every rule; the best copy is the one chosen on validation."""
         self.__dict__["_mean_weights"] = None
@@ -329,6 +316,7 @@ class MCoverClassifier(MemberModule):
             self.log(f"{stage}/{name}", value.float(), sync_dist=True)
         self.log(f"{stage}/best_copy_index", float(index), sync_dist=True)
 
+    @override
     def predict_step(self, batch: dict[str, Tensor], batch_idx: int,
                      dataloader_idx: int = 0) -> PredictOutput:
         """Copy average ``prediction (B, C)``, ``member_predictions (B, M, C)``, ``collapsed (B, C)``.
@@ -339,10 +327,11 @@ class MCoverClassifier(MemberModule):
         out["collapsed"] = self.collapsed_probabilities(batch["x"])  # type: ignore[typeddict-unknown-key]
         return out
 
+    @override
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Checkpoints from before ``best_copy_index`` existed load with no copy chosen."""
         super().on_load_checkpoint(checkpoint)
-        checkpoint.get("state_dict", {}).setdefault("best_copy_index", torch.tensor(-1, dtype=torch.long))
+        self.default_best_copy_index(checkpoint)
 
     def build_optimizer(self, parameters: Iterable[Tensor] | list[dict[str, Any]]) -> torch.optim.Optimizer:
         """SGD with momentum, or AdamW, over all copies."""

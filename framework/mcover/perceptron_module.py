@@ -47,11 +47,12 @@ from typing import Any, Literal
 
 import torch
 import torchmetrics
-from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor, nn
 from torchmetrics import Metric, MetricCollection
+from typing_extensions import override
 
 from ripieno.framework.mcover.collapse import CollapseRule, CopyScores, best_copy_index, check_collapse_rule
+from ripieno.framework.mcover.copies import PermutationCopiesMixin
 from ripieno.framework.mcover.kernels import KernelKind, make_kernel
 from ripieno.framework.mcover.perceptron import (
     AnnealingSchedule,
@@ -73,7 +74,7 @@ Method = Literal["plain", "replicated", "mcover"]
 METHODS: tuple[str, ...] = ("plain", "replicated", "mcover")
 
 
-class BinaryPerceptronSA(MemberModule):
+class BinaryPerceptronSA(PermutationCopiesMixin, MemberModule):
     """Plain, replicated or M-cover simulated annealing of a binary perceptron.
 
     Args:
@@ -101,6 +102,9 @@ class BinaryPerceptronSA(MemberModule):
         collapse: the collapsed student: ``mean_weights``, ``best_copy`` (on validation) or
             ``copy_average`` (module docstring).
     """
+
+    chosen_copy_noun = "student"
+    bank_on_cpu = True  # the annealer runs on the CPU
 
     def __init__(
         self,
@@ -158,12 +162,9 @@ class BinaryPerceptronSA(MemberModule):
         if not 1 <= n_blocks <= spec.n_inputs:
             raise ValueError(f"n_blocks must be between 1 and n_inputs={spec.n_inputs}, got {n_blocks}.")
         self._generators = copy_generators(torch.Generator().manual_seed(seed), m)
-        bank = PermutationBank.draw(self.kernel, n_blocks, bank_size,
-                                    torch.Generator().manual_seed(routing_seed), self.sampler)
         self.register_buffer("w", initial_copies(spec.n_inputs, self._generators).to(torch.int8))
-        self.register_buffer("bank_perms", bank.perms)
+        self.init_permutation_copies(n_blocks, bank_size, routing_seed)  # bank_perms, best_copy_index
         self.register_buffer("sweep", torch.zeros((), dtype=torch.long))
-        self.register_buffer("best_copy_index", torch.tensor(-1, dtype=torch.long))  # chosen on validation
         self.register_buffer("teacher", spec.teacher_tensor().to(torch.int8), persistent=False)
         self.__dict__["_annealer"] = None  # built on the first training batch; not a submodule
         self._n_sweeps = n_sweeps
@@ -185,16 +186,8 @@ class BinaryPerceptronSA(MemberModule):
                         " MCoverClassifier).")
 
     # ------------------------------------------------------------------- routing
-    @property
-    def permutation_bank(self) -> PermutationBank:
-        """The bank in force (``(n_blocks, S, M)`` permutations)."""
-        return PermutationBank(self.bank_perms.cpu())
-
-    def draw_permutation_bank(self, generator: torch.Generator) -> None:
-        """Draw a new bank from this module's kernel with ``generator`` and install it."""
-        n_slots, size = self.bank_perms.shape[:2]
-        bank = PermutationBank.draw(self.kernel, n_slots, size, generator, self.sampler)
-        self.bank_perms.copy_(bank.perms.to(self.bank_perms.device))
+    def on_permutation_bank_drawn(self, bank: PermutationBank) -> None:
+        """The annealer (if built) routes through the new bank from its next sweep."""
         if self._annealer is not None:
             self._annealer.set_permutation_bank(bank)
 
@@ -206,15 +199,6 @@ class BinaryPerceptronSA(MemberModule):
     def collapse(self) -> Tensor:
         """The ``mean_weights`` student ``sign(sum_a w_a)`` (ties: copy 0), float64 ``(N,)``."""
         return collapse(self.copies())
-
-    def chosen_copy(self) -> int:
-        """The ``best_copy`` rule's copy: the one chosen on validation (copy 0, with a warning, if none)."""
-        index = int(self.best_copy_index)
-        if index < 0:
-            rank_zero_warn("No validation epoch has chosen a best copy yet; the best_copy student is"
-                           " copy 0. Validate (or fit with validation) before testing or predicting.")
-            return 0
-        return index
 
     def collapsed_labels(self, x: Tensor) -> Tensor:
         """The ``collapse`` rule's labels ``(B,)`` in ``{-1, +1}`` for patterns ``x``."""
@@ -252,11 +236,13 @@ class BinaryPerceptronSA(MemberModule):
         return self._annealer
 
     # --------------------------------------------------------------------- steps
+    @override
     def forward(self, x: Tensor) -> Tensor:
         """Fields of every copy (no routing), ``(B, M)``: ``w_a . x / sqrt(N)``."""
         w = self.w.to(device=x.device, dtype=torch.float64)
         return (x.to(torch.float64) @ w.T) / math.sqrt(w.shape[1])
 
+    @override
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
         """``sweeps_per_step`` Metropolis sweeps on the batch."""
         x, y = batch["x"].detach().cpu(), batch["y"].detach().cpu()
@@ -292,22 +278,26 @@ class BinaryPerceptronSA(MemberModule):
             torch.where(fields > 0, 1.0, -1.0).to(torch.float64) == target[:, None])
         return len(target)
 
+    @override
     def predict_step(self, batch: dict[str, Tensor], batch_idx: int,
                      dataloader_idx: int = 0) -> PredictOutput:
         """``prediction`` (the ``collapse`` rule's label in ``{-1, +1}``) and the copies' fields."""
         x = batch["x"].to(torch.float64)
         return {"prediction": self.collapsed_labels(x), "member_predictions": self(x)}
 
+    @override
     def on_validation_epoch_start(self) -> None:
         """Fresh metric states."""
         super().on_validation_epoch_start()
         self.copy_scores["val_"].reset()
 
+    @override
     def on_test_epoch_start(self) -> None:
         """Fresh metric states."""
         super().on_test_epoch_start()
         self.copy_scores["test_"].reset()
 
+    @override
     def on_validation_epoch_end(self) -> None:
         """Choose the best copy on the split (not in sanity checks); log every rule's errors."""
         scores = self.copy_scores["val_"]
@@ -316,6 +306,7 @@ class BinaryPerceptronSA(MemberModule):
             self.best_copy_index.fill_(index)
         self._log_eval("val", index)
 
+    @override
     def on_test_epoch_end(self) -> None:
         """Log every rule's errors; the best copy is the one chosen on validation."""
         self._log_eval("test", self.chosen_copy())
@@ -349,6 +340,7 @@ class BinaryPerceptronSA(MemberModule):
         self.log(f"{stage}/error_collapsed", errors[self.collapse_rule].float(), sync_dist=True)
         self.log(f"{stage}/accuracy", 1.0 - errors[self.collapse_rule].float(), sync_dist=True)
 
+    @override
     def configure_optimizers(self) -> torch.optim.Optimizer:
         """A no-op optimiser, stepped once per training step.
 
@@ -358,19 +350,21 @@ class BinaryPerceptronSA(MemberModule):
         return torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.0)
 
     # -------------------------------------------------------------- checkpoints
+    @override
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Store the copies' generator states (the copies, sweep and bank are buffers)."""
         super().on_save_checkpoint(checkpoint)
         checkpoint["perceptron_generators"] = [g.get_state() for g in self._generators]
         checkpoint["perceptron_n_sweeps"] = self._n_sweeps
 
+    @override
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Restore the generator states; the annealer is rebuilt from the buffers on the next batch.
 
         Checkpoints from before ``best_copy_index`` existed load with no copy chosen.
         """
         super().on_load_checkpoint(checkpoint)
-        checkpoint.get("state_dict", {}).setdefault("best_copy_index", torch.tensor(-1, dtype=torch.long))
+        self.default_best_copy_index(checkpoint)
         for g, state in zip(self._generators, checkpoint.get("perceptron_generators", []), strict=False):
             g.set_state(state)
         if checkpoint.get("perceptron_n_sweeps") is not None:
