@@ -15,8 +15,9 @@ PACKAGES = {"framework": "ripieno.framework", "callbacks": "ripieno.callbacks",
 
 #: framework/'s rooms from the bottom up; a room imports only from rooms of lower layers (and itself).
 LAYERS: tuple[frozenset[str], ...] = (
-    frozenset({"errors", "messages", "members", "extras"}),  # shared root modules
-    frozenset({"checkpoint_file", "outputs", "specs", "nn"}),
+    frozenset({"errors"}),  # shared root modules: one-line errors, then the rest
+    frozenset({"messages", "members", "extras", "checkpoint_file"}),
+    frozenset({"outputs", "specs", "nn"}),
     frozenset({"metrics", "backbones", "uq"}),
     frozenset({"methods"}),
     frozenset({"loes", "mcover"}),
