@@ -25,9 +25,12 @@ Example:
 
 from __future__ import annotations
 
+import os
 import pickle
 import re
 import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from os import PathLike
 from pathlib import Path
 from typing import Any
@@ -70,6 +73,9 @@ def read_checkpoint(path: str | PathLike[str], option: str = "--ckpt_path") -> d
             ``state_dict``. The message names the file, the problem and the fix.
     """
     file = Path(path).expanduser()
+    lent = lent_checkpoint(file)
+    if lent is not None:
+        return lent
     if not file.exists():
         raise CheckpointFileError(file_problem(file, "does not exist", f"check {option}"))
     if file.is_dir():
@@ -101,6 +107,45 @@ def read_checkpoint(path: str | PathLike[str], option: str = "--ckpt_path") -> d
             f"give {option} a file saved by a Lightning Trainer (ModelCheckpoint or"
             " trainer.save_checkpoint)"))
     return checkpoint
+
+
+_LENT: dict[Path, tuple[tuple[int, int, int], dict[str, Any]]] = {}
+"""Checkpoints read already, by resolved path, with the file's identity then (``lending_checkpoint``)."""
+
+
+@contextmanager
+def lending_checkpoint(path: str | PathLike[str], checkpoint: dict[str, Any]) -> Iterator[None]:
+    """Within the block, ``read_checkpoint(path)`` returns ``checkpoint`` while the file is unchanged.
+
+    A command that reads its checkpoint once lends it to the code it calls (a datamodule reading
+    its preprocessing, the Trainer restoring the weights), so the file is opened once. Each
+    borrower gets a shallow copy; a file replaced or rewritten since is read again.
+    """
+    file = Path(path).expanduser().resolve()
+    _LENT[file] = (_identity(file), checkpoint)
+    try:
+        yield
+    finally:
+        _LENT.pop(file, None)
+
+
+def lent_checkpoint(path: str | PathLike[str]) -> dict[str, Any] | None:
+    """A shallow copy of the checkpoint lent for ``path`` (``lending_checkpoint``), file unchanged."""
+    if not _LENT:
+        return None
+    file = Path(path).expanduser().resolve()
+    identity, checkpoint = _LENT.get(file, (None, None))
+    if checkpoint is None or identity != _identity(file):
+        return None
+    return dict(checkpoint)
+
+
+def _identity(file: Path) -> tuple[int, int, int]:
+    try:
+        stat = os.stat(file)
+    except OSError:
+        return (-1, -1, -1)
+    return (stat.st_ino, stat.st_size, stat.st_mtime_ns)
 
 
 def _refused_global(file: Path, name: str, option: str, blocked: bool = False) -> str:

@@ -35,7 +35,6 @@ And guards (``RipienoCLI``'s docstring has the details):
 from __future__ import annotations
 
 import copy
-import hashlib
 import importlib.util
 import math
 import os
@@ -44,26 +43,32 @@ import sys
 import warnings
 from argparse import ArgumentError
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
 import lightning as L
-import yaml
-from jsonargparse import Namespace
+from jsonargparse import Namespace, set_dumper
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, _get_module_type
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.plugins.io import CheckpointIO
 from lightning.pytorch.strategies import Strategy
 from lightning.pytorch.trainer.states import TrainerStatus
 
-from ripieno.framework.checkpoint_file import read_checkpoint
+from ripieno.framework.cli.checkpoint_request import (  # noqa: F401 - names of this module before
+    LIGHTNING_CKPT_NAMES,
+    LINKED_MODEL_ARGS,
+    CheckpointMismatchError,
+    CheckpointRequest,
+    LendingCheckpointIO,
+)
 from ripieno.framework.cli.config_errors import ConfigError, explain_config_error
 from ripieno.framework.cli.monitor_check import FirstValidationCheck, check_monitors
+from ripieno.framework.cli.nested_nulls import nest_null_overrides
 from ripieno.framework.cli.optimizer_config import Interval, attach_optimizer_config
 from ripieno.framework.cli.recipes import find_recipe, list_recipes
-from ripieno.framework.cli.resume_check import CLASS_KEY, hparam_differences, section_hparams
+from ripieno.framework.cli.resume_check import section_hparams
 from ripieno.framework.cli.run_folders import (
     RunConfigSaver,
     claim_logger_versions,
@@ -73,11 +78,11 @@ from ripieno.framework.cli.run_folders import (
     use_claimed_versions,
 )
 from ripieno.framework.cli.run_logs import keep_csv_logs, merge_event_files
+from ripieno.framework.cli.section_instantiator import SectionInstantiator
 from ripieno.framework.cli.spawn_results import keep_spawned_results
-from ripieno.framework.errors import NonFiniteTrainingError, RipienoInputError
+from ripieno.framework.errors import NonFiniteTrainingError
 from ripieno.framework.messages import get_logger
-from ripieno.framework.outputs.checkpoint_io import AtomicCheckpointIO
-from ripieno.framework.outputs.output_files import OutputWriteError, check_writable, write_new_file
+from ripieno.framework.outputs.output_files import check_writable
 
 log = get_logger(__name__)
 
@@ -85,19 +90,14 @@ log = get_logger(__name__)
 CONFIG_FLAGS = ("-c", "--config")
 LOG_NAME = "logs"
 """Folder of the default CSV logger inside ``trainer.default_root_dir``."""
-LINKED_MODEL_ARGS = ("data_spec",)
-"""Model arguments the CLI fills from the datamodule at instantiation (``add_arguments_to_parser``)."""
-LIGHTNING_CKPT_NAMES = ("best", "last", "hpc", "registry")
-"""``ckpt_path`` values that Lightning resolves itself rather than naming a file."""
+PLAIN_DUMP = "ripieno_plain"
+"""A jsonargparse dump format that returns the cleaned config as a dict, not text (no YAML round trip);
+registered when a command first compares its config with a checkpoint, not at import."""
 GUARD_CLASS = "ripieno.callbacks.NonFiniteGuard"
 LR_MONITOR_CLASSES = ("lightning.pytorch.callbacks.LearningRateMonitor",
                       "lightning.pytorch.callbacks.lr_monitor.LearningRateMonitor")
 """Class paths of Lightning's ``LearningRateMonitor``, left out of runs without a logger."""
 ResumeHparams = Literal["config", "checkpoint"]
-
-
-class CheckpointMismatchError(RipienoInputError):
-    """``--ckpt_path`` names a checkpoint of another model, hyperparameters or data than the config's."""
 
 
 class RipienoCLI(LightningCLI):
@@ -110,7 +110,9 @@ class RipienoCLI(LightningCLI):
       model class, other hyperparameters or another data spec stops the run before anything is
       trained, listing the differences and the ways on. ``--resume_hparams checkpoint`` keeps
       plain LightningCLI's behaviour (the checkpoint's hyperparameters replace the config's).
-      Checkpoints load with ``weights_only=True``.
+      Checkpoints load with ``weights_only=True``. One ``CheckpointRequest`` reads the file
+      once, compares each setting once and lends what it read to the datamodule and the
+      Trainer; explaining a mismatch writes nothing.
     * Runs never share a folder: file loggers without a version get one claimed atomically
       (``framework.run_folders``), and ``config.yaml`` is created exclusively.
     * A ``NonFiniteGuard`` is added to every run that has none: a NaN/inf loss, metric or
@@ -123,14 +125,23 @@ class RipienoCLI(LightningCLI):
         """LightningCLI's arguments; the config is saved by ``RunConfigSaver`` unless told otherwise."""
         kwargs.setdefault("save_config_callback", RunConfigSaver)
         kwargs["parser_kwargs"] = _raising_parsers(kwargs.get("parser_kwargs"))
-        self._checkpoint: dict[str, Any] | None = None
+        self._request: CheckpointRequest | None = None
+        self._lending = ExitStack()  # the checkpoint read once is lent to the run until it ends
         self._claimed: dict[Path, int] = {}
         self._default_log_version: int | None = None
         try:
-            super().__init__(*args, **kwargs)
+            with self._lending:
+                super().__init__(*args, **kwargs)
         except BaseException:
             release_unused(self._claimed)  # a run that stopped early leaves no empty version folder
             raise
+
+    def _add_instantiators(self) -> None:
+        """Lightning's instantiators, for each section's own class only (``section_instantiator``)."""
+        for key, base, subclasses in (("model", self._model_class, self.subclass_mode_model),
+                                      ("data", self._datamodule_class, self.subclass_mode_data)):
+            self.parser.add_instantiator(SectionInstantiator(self, key, _get_module_type(base)),
+                                         _get_module_type(base), subclasses=subclasses)
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         """Link ``data.spec`` -> ``model.data_spec``; add ripieno's options (``--test_after_fit`` ...)."""
@@ -159,7 +170,13 @@ class RipienoCLI(LightningCLI):
         )
 
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:  # noqa: ANN401
-        """Parse, and turn a parser error into a ``ConfigError`` that leads with the offending key."""
+        """Parse, and turn a parser error into a ``ConfigError`` that leads with the offending key.
+
+        ``null`` overrides below a class's ``init_args`` in a list of ``args`` (what ``main``
+        gives) are first put in the form jsonargparse reads as ``None`` (``nested_nulls``).
+        """
+        if isinstance(args, list):
+            args = nest_null_overrides(args)
         try:
             super().parse_arguments(parser, args)
         except ArgumentError as error:
@@ -172,88 +189,56 @@ class RipienoCLI(LightningCLI):
             raise ConfigError(explain_config_error(str(error), options, files)) from None
 
     def _parse_ckpt_path(self) -> None:
-        """Check ``--ckpt_path``'s file, then that it holds the config's model (class docstring)."""
+        """Read ``--ckpt_path`` once and check that it holds the config's model (class docstring)."""
+        request = self._checkpoint_request()
+        if request is None or request.file is None:  # none, or a name Lightning resolves itself
+            return
+        request.checkpoint  # noqa: B018 - a missing or damaged file stops here, with its name
+        self._request = request
+        self._lending.enter_context(request.lend())
+        if self.config[self.config["subcommand"]].get("resume_hparams") == "checkpoint":
+            self._use_checkpoint_hparams(request)
+            return
+        sections = self._plain_config()
+        request.check_config(section_hparams(sections.get("model") or {}),
+                             section_hparams(sections.get("data") or {}))
+
+    def _checkpoint_request(self) -> CheckpointRequest | None:
+        """The command's ``CheckpointRequest``, made from the parsed config (``None``: no ``--ckpt_path``)."""
         subcommand = self.config.get("subcommand")
-        if not subcommand:
-            return
-        config = self.config[subcommand]
-        path = config.get("ckpt_path")
-        if not path or str(path) in LIGHTNING_CKPT_NAMES or str(path).startswith("registry:"):
-            return
-        self._checkpoint = read_checkpoint(path)
-        if config.get("resume_hparams") == "checkpoint":
-            super()._parse_ckpt_path()
-            return
-        self._stop_on_differences(self._configured_hparams("model"), skip=LINKED_MODEL_ARGS)
+        path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        if not path:
+            return None
+        files = tuple(str(f) for f in (self.config[subcommand].get("config") or []))
+        return CheckpointRequest(path, command=subcommand, config_files=files, parses=self._parses)
 
-    def _configured_hparams(self, key: str) -> dict[str, Any]:
-        """The ``hyper_parameters`` Lightning's CLI would save for section ``key`` of this config."""
-        dump = yaml.safe_load(self.parser.dump(self.config, skip_link_targets=False, skip_none=False))
-        return section_hparams(dump[self.config["subcommand"]].get(key) or {})
-
-    def _stop_on_differences(self, model_hparams: dict[str, Any], skip: tuple[str, ...] = ()) -> None:
-        """Raise ``CheckpointMismatchError`` if the checkpoint's model or datamodule is not the config's."""
-        checkpoint = self._checkpoint or {}
-        differences = hparam_differences(checkpoint.get("hyper_parameters") or {}, model_hparams, skip=skip)
-        data_class = (checkpoint.get("datamodule_hyper_parameters") or {}).get(CLASS_KEY)
-        configured = self._configured_hparams("data").get(CLASS_KEY)
-        if data_class and configured and data_class != configured:
-            differences.insert(0, f"data.class_path: checkpoint {data_class}, config {configured}")
-        if differences:
-            raise CheckpointMismatchError(self._mismatch_message(differences))
-
-    def _mismatch_message(self, differences: list[str]) -> str:
+    def _plain_config(self) -> dict[str, Any]:
+        """This subcommand's config as plain values, in the form Lightning's CLI saves as hyperparameters."""
         subcommand = self.config["subcommand"]
-        path = self.config[subcommand]["ckpt_path"]
-        lines = [f"{path} holds another model than this config describes, so nothing was run."
-                 f" What differs ({len(differences)}):"]
-        lines += [f"  {line}" for line in differences[:40]]
-        if len(differences) > 40:
-            lines.append(f"  ... and {len(differences) - 40} more")
-        if any(".data_spec." in line for line in differences):
-            lines.append("(data_spec is what the datamodule learned from its training split: these data"
-                         " settings, rows or preprocessing are not the checkpoint's.)")
-        lines.append("Either")
-        lines.append("  - train from scratch with this config: leave out --ckpt_path;")
-        own, why = self._checkpoint_config(Path(path))
-        if own is not None:
-            lines.append(f"  - run the checkpoint with its own config ({why}):"
-                         f" ripieno {subcommand} -c {own} --ckpt_path {path}")
-        lines.append("  - or let the checkpoint's hyperparameters replace the config's (plain LightningCLI's"
-                     " behaviour): add --resume_hparams checkpoint.")
-        return "\n".join(lines)
+        set_dumper(PLAIN_DUMP, _plain_values)
+        plain = self.parser.dump(self.config, format=PLAIN_DUMP, skip_link_targets=False, skip_none=False)
+        return plain[subcommand]  # type: ignore[index]  # the PLAIN_DUMP format returns the dict itself
 
-    def _checkpoint_config(self, path: Path) -> tuple[Path | None, str]:
-        """The config the checkpoint was trained with: its run's ``config.yaml``, else one written now."""
-        checkpoint = self._checkpoint or {}
-        saved = checkpoint.get("hyper_parameters") or {}
-        for folder in (path.parent, path.parent.parent):
-            candidate = folder / "config.yaml"
-            if candidate.is_file() and _config_matches(candidate, saved):
-                return candidate, "its run's config.yaml"
+    def _parses(self, sections: dict[str, Any]) -> bool:
+        """Whether this config with ``sections`` applied over it still parses (a suggested command runs)."""
         subcommand = self.config["subcommand"]
-        sections: dict[str, Any] = {}
-        for key, hparams in (("model", saved), ("data", checkpoint.get("datamodule_hyper_parameters") or {})):
-            if CLASS_KEY in hparams:
-                sections[key] = {"class_path": hparams[CLASS_KEY], "init_args": {
-                    k: v for k, v in hparams.items()
-                    if k not in (CLASS_KEY, "_instantiator") and k not in LINKED_MODEL_ARGS}}
-        if "model" not in sections:
-            return None, ""
         try:
-            rebuilt = self.parser.parse_object({subcommand: sections}, copy.deepcopy(self.config))
-            text = self._parser(subcommand).dump(rebuilt[subcommand], skip_none=False)
-        except (SystemExit, Exception):  # noqa: BLE001 - a hint we cannot build is left out, not fatal
-            return None, ""
-        root = Path(self.config[subcommand].get("trainer", {}).get("default_root_dir") or ".")
-        digest = hashlib.sha256(f"{path.resolve()}\0{text}".encode()).hexdigest()[:8]
-        target = root / "checkpoint_configs" / f"{path.stem}-{digest}.yaml"
-        if not (target.is_file() and target.read_text() == text):  # the same config is written once
-            try:
-                target = write_new_file(target, text, what="the checkpoint's config")
-            except OutputWriteError:
-                return None, ""
-        return target, "rebuilt from the checkpoint's hyperparameters"
+            self.parser.parse_object({subcommand: sections}, copy.deepcopy(self.config))
+        except (SystemExit, Exception):  # noqa: BLE001 - a command that cannot work is not suggested
+            return False
+        return True
+
+    def _use_checkpoint_hparams(self, request: CheckpointRequest) -> None:
+        """``--resume_hparams checkpoint``: the checkpoint's hyperparameters replace the config's."""
+        section = request.model_section()
+        if section is None:
+            return
+        try:
+            subcommand = self.config["subcommand"]
+            self.config = self.parser.parse_object({subcommand: {"model": section}}, self.config)
+        except SystemExit:
+            sys.stderr.write("Parsing of ckpt_path hyperparameters failed!\n")
+            raise
 
     def before_instantiate_classes(self) -> None:
         """Default CSV logger with a claimed version, the guard, ``weights_only`` loading.
@@ -348,10 +333,10 @@ class RipienoCLI(LightningCLI):
         if first_process():
             keep_csv_logs(self.trainer.loggers)
         config = self.config.get(self.subcommand, self.config) if self.subcommand else self.config
-        if self._checkpoint is not None and config.get("resume_hparams") != "checkpoint":
+        if self._request is not None and config.get("resume_hparams") != "checkpoint":
             hparams = dict(getattr(self.model, "hparams", {}) or {})
             if hparams:
-                self._stop_on_differences(hparams)
+                self._request.check_linked(hparams)
         if self.subcommand == "fit":
             check_monitors(self.model, self.trainer.callbacks)
             self.trainer.callbacks.append(FirstValidationCheck())
@@ -451,15 +436,6 @@ def _option_names(parser: LightningArgumentParser) -> list[str]:
     return [name for action in parser._actions for name in action.option_strings if name.startswith("--")]
 
 
-def _config_matches(path: Path, hparams: dict[str, Any]) -> bool:
-    """Whether the model section of a saved config describes a checkpoint's hyperparameters."""
-    try:
-        model = (yaml.safe_load(path.read_text()) or {}).get("model") or {}
-    except (OSError, yaml.YAMLError):
-        return False
-    return not hparam_differences(hparams, section_hparams(model), skip=LINKED_MODEL_ARGS)
-
-
 def _default_logger_wanted(trainer: Namespace | dict[str, Any]) -> bool:
     """Whether the run gets ripieno's default CSV logger (no logger configured, not a fast_dev_run)."""
     logger = trainer.get("logger")
@@ -469,6 +445,8 @@ def _default_logger_wanted(trainer: Namespace | dict[str, Any]) -> bool:
 def _with_atomic_checkpoints(plugins: Any, strategy: Any) -> list[Any]:  # noqa: ANN401
     """The Trainer's plugins plus an ``AtomicCheckpointIO``, unless a CheckpointIO is already chosen.
 
+    It is a ``LendingCheckpointIO``: a ``--ckpt_path`` read already is restored without reading it again.
+
     Strategies that save through their own machinery (DeepSpeed, XLA) or a strategy object that
     carries a CheckpointIO of its own are left as they are.
     """
@@ -477,7 +455,7 @@ def _with_atomic_checkpoints(plugins: Any, strategy: Any) -> list[Any]:  # noqa:
     special = isinstance(strategy, str) and any(name in strategy for name in ("deepspeed", "xla"))
     if own_io or special or any(isinstance(p, CheckpointIO) for p in listed):
         return listed
-    return [*listed, AtomicCheckpointIO()]
+    return [*listed, LendingCheckpointIO()]
 
 
 def _add_non_finite_guard(trainer: Namespace) -> None:
@@ -535,6 +513,11 @@ def _data_progress_follows_trainer(config: Namespace) -> None:
     trainer = config.get("trainer")
     enabled = trainer.get("enable_progress_bar") if trainer is not None else None
     init_args["progress"] = True if enabled is None else bool(enabled)
+
+
+def _plain_values(data: dict[str, Any]) -> dict[str, Any]:
+    """The ``PLAIN_DUMP`` format: jsonargparse's cleaned, serialised config, kept as the dict it is."""
+    return data
 
 
 def _spec_as_dict(spec: object) -> object:

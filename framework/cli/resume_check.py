@@ -22,7 +22,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 CLASS_KEY = "_class_path"
 IGNORED_KEYS = frozenset({"_instantiator"})
@@ -32,8 +32,24 @@ _MISSING = object()
 _MAX_VALUE_CHARS = 60
 
 
+class Difference(NamedTuple):
+    """One setting that differs: its top-level argument (``class_path`` for the class) and its line."""
+
+    key: str
+    line: str
+
+
 def hparam_differences(checkpoint: Mapping[str, Any], config: Mapping[str, Any], *,
                        prefix: str = "model", skip: Iterable[str] = ()) -> list[str]:
+    """Every setting whose value differs between a checkpoint's and a config's hyperparameters.
+
+    The lines of ``compare_hparams`` (arguments and return there).
+    """
+    return [difference.line for difference in compare_hparams(checkpoint, config, prefix=prefix, skip=skip)]
+
+
+def compare_hparams(checkpoint: Mapping[str, Any], config: Mapping[str, Any], *,
+                    prefix: str = "model", skip: Iterable[str] = ()) -> list[Difference]:
     """Every setting whose value differs between a checkpoint's and a config's hyperparameters.
 
     Args:
@@ -44,21 +60,22 @@ def hparam_differences(checkpoint: Mapping[str, Any], config: Mapping[str, Any],
         skip: Top-level keys to leave out (e.g. link targets not known yet).
 
     Returns:
-        Sorted lines ``<setting>: checkpoint <value>, config <value>``; the class first.
+        Sorted ``Difference`` s, lines ``<setting>: checkpoint <value>, config <value>``; the class first.
     """
     skipped = IGNORED_KEYS | set(skip)
-    lines = []
+    found = []
     ours, theirs = checkpoint.get(CLASS_KEY), config.get(CLASS_KEY)
     if ours is not None and theirs is not None and ours != theirs:
-        lines.append(f"{prefix}.class_path: checkpoint {ours}, config {theirs}")
+        found.append(Difference("class_path", f"{prefix}.class_path: checkpoint {ours}, config {theirs}"))
     old = {k: v for k, v in checkpoint.items() if k not in skipped and k != CLASS_KEY}
     new = {k: v for k, v in config.items() if k not in skipped and k != CLASS_KEY}
-    flat_old, flat_new = _flatten(old, f"{prefix}.init_args"), _flatten(new, f"{prefix}.init_args")
+    head = f"{prefix}.init_args"
+    flat_old, flat_new = _flatten(old, head), _flatten(new, head)
     for key in sorted(flat_old.keys() | flat_new.keys()):
         a, b = flat_old.get(key, _MISSING), flat_new.get(key, _MISSING)
-        if not _same(a, b):
-            lines.append(_difference(key, a, b))
-    return lines
+        if not same_value(a, b):
+            found.append(Difference(key[len(head) + 1:].split(".", 1)[0], _difference(key, a, b)))
+    return found
 
 
 def section_hparams(section: Mapping[str, Any]) -> dict[str, Any]:
@@ -80,7 +97,7 @@ def section_hparams(section: Mapping[str, Any]) -> dict[str, Any]:
 def _difference(key: str, a: Any, b: Any) -> str:  # noqa: ANN401
     """One line for one differing setting; equal-length lists say where they first differ."""
     if isinstance(a, list | tuple) and isinstance(b, list | tuple) and len(a) == len(b):
-        where = [i for i, (x, y) in enumerate(zip(a, b, strict=True)) if not _same(x, y)]
+        where = [i for i, (x, y) in enumerate(zip(a, b, strict=True)) if not same_value(x, y)]
         more = f" ({len(where)} of {len(a)} positions differ)" if len(where) > 1 else ""
         i = where[0]
         return f"{key}[{i}]: checkpoint {_show(a[i])}, config {_show(b[i])}{more}"
@@ -98,11 +115,12 @@ def _flatten(values: Mapping[str, Any], prefix: str) -> dict[str, Any]:
     return flat
 
 
-def _same(a: Any, b: Any) -> bool:  # noqa: ANN401
+def same_value(a: Any, b: Any) -> bool:  # noqa: ANN401
+    """Equal as hyperparameters: lists and tuples alike, ``True`` never ``1``."""
     if isinstance(a, list | tuple) and isinstance(b, list | tuple):
-        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+        return len(a) == len(b) and all(same_value(x, y) for x, y in zip(a, b, strict=True))
     if isinstance(a, Mapping) and isinstance(b, Mapping):
-        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+        return a.keys() == b.keys() and all(same_value(a[k], b[k]) for k in a)
     if isinstance(a, bool) or isinstance(b, bool):
         return a is b
     return a == b

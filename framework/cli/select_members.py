@@ -32,7 +32,8 @@ import lightning as L
 import torch
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from ripieno.framework.checkpoint_file import CheckpointFileError, read_checkpoint
+from ripieno.framework.checkpoint_file import CheckpointFileError
+from ripieno.framework.cli.checkpoint_request import CheckpointRequest
 from ripieno.framework.cli.command import CONFIG_FLAGS, RipienoCLI, quiet_cli_notices, resolve_config_args
 from ripieno.framework.cli.error_lines import one_line_error
 from ripieno.framework.cli.recipes import RecipeNotFoundError
@@ -174,14 +175,15 @@ def select_members_main(args: list[str]) -> Path:
         raise SystemExit(PREFIX + "give the run's config with -c (a recipe name or the config.yaml saved"
                          " beside its logs), so the validation split can be rebuilt.")
     ckpt = Path(options.ckpt_path).expanduser()
+    request = CheckpointRequest(ckpt, lightning_names=False)
     try:
-        read_checkpoint(ckpt)
+        request.checkpoint  # noqa: B018 - read once here: a missing or damaged file stops before any work
         rest = resolve_config_args(rest)
     except (CheckpointFileError, RecipeNotFoundError) as error:
         raise SystemExit(f"{PREFIX}{error}") from None
     out, default_name = _output(options, ckpt, _config_files(rest))
     try:
-        return _select(options, rest, ckpt, out, default_name)
+        return _select(options, rest, request, out, default_name)
     except Exception as error:
         line = one_line_error(error)
         if line is None:
@@ -189,15 +191,17 @@ def select_members_main(args: list[str]) -> Path:
         raise SystemExit(f"{PREFIX}{line}") from None
 
 
-def _select(options: argparse.Namespace, rest: list[str], ckpt: Path, out: Path, default_name: bool) -> Path:
+def _select(options: argparse.Namespace, rest: list[str], request: CheckpointRequest, out: Path,
+            default_name: bool) -> Path:
     """Build the run's datamodule, select, validate both ensembles, save and print the checkpoint."""
+    ckpt = Path(request.path)
     with quiet_cli_notices():  # no logger: nothing is written into the run's log folders
         cli = _SelectMembersCLI(args=[*rest, "--trainer.logger=false"], run=False, save_config_callback=None)
     model_cls = type(cli.model)
     if not hasattr(model_cls, "select_members"):
         raise SystemExit(f"{PREFIX}{model_cls.__name__} has no select_members; it works with"
                          " TabularEnsembleModule.")
-    model = model_cls.load_from_checkpoint(ckpt, weights_only=True, map_location="cpu")
+    model = request.load_module(model_cls)  # from the checkpoint read above, not read again
     selected = model.select_members(options.k, metric=options.metric, method=options.method,
                                     datamodule=cli.datamodule)
     trainer = L.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False,
