@@ -3,6 +3,7 @@
 from ripieno.datamodules.audio import AudioDataError, AudioDataModule, MissingAudioDataError
 from ripieno.datamodules.base import DataModuleError
 from ripieno.datamodules.images import ImageDataError, ImageDataModule, MissingImageDataError
+from ripieno.datamodules.layer_embedding_config import BackboneConfig, FeatureCacheConfig, SelectionConfig
 from ripieno.datamodules.layer_embeddings import LayerEmbeddingDataModule
 from ripieno.datamodules.tabular import TabularDataError, TabularDataModule
 from ripieno.datamodules.tabular_sources import SOURCES
@@ -15,9 +16,11 @@ from ripieno.framework.specs.text import TextSpec
 __all__ = [
     "AudioDataError",
     "AudioDataModule",
+    "BackboneConfig",
     "BackboneDataSpec",
     "BackboneImageDataModule",
     "DataModuleError",
+    "FeatureCacheConfig",
     "SOURCES",
     "ImageDataError",
     "ImageDataModule",
@@ -25,6 +28,7 @@ __all__ = [
     "LayerEmbeddingDataModule",
     "MissingAudioDataError",
     "MissingImageDataError",
+    "SelectionConfig",
     "TabularDataError",
     "TabularDataModule",
     "TeacherStudentDataModule",

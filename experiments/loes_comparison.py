@@ -39,11 +39,14 @@ import pandas as pd
 from experiments.recipe_table import markdown_table, run_recipe
 from experiments.runs import normalize_overrides, quiet_lightning, resolve_recipe, results_dir
 
+#: The command-line prefix of ``LayerEmbeddingDataModule``'s selection settings.
+SELECTION = "--data.init_args.selection"
 #: Overrides that turn a recipe's LOES into the public LOES code with that code's defaults.
 REFERENCE_LOES: tuple[str, ...] = (
-    "--data.init_args.selection=loes", "--data.init_args.variant=reference", "--data.init_args.alpha=1.0",
-    "--data.init_args.gamma=0.5", "--data.init_args.eta=0.1", "--data.init_args.ridge_lambda=0.001",
-    "--data.init_args.ridge_loss=null")
+    "--data.init_args.selection.method=loes", "--data.init_args.selection.variant=reference",
+    "--data.init_args.selection.alpha=1.0", "--data.init_args.selection.gamma=0.5",
+    "--data.init_args.selection.eta=0.1", "--data.init_args.selection.ridge_lambda=0.001",
+    "--data.init_args.selection.ridge_loss=null")
 #: GeoReg forms of ``--mode georeg``.
 GEOREG_FORMS: tuple[str, ...] = ("ripieno", "spectral_only", "reference")
 #: Default recipe (a shipped name) per ``--mode``.
@@ -54,16 +57,16 @@ DEFAULT_RECIPES = {"selection": "loes/text_minilm_loes", "georeg": "loes/text_mi
 def selection_variants(ks: Sequence[int]) -> dict[str, list[str]]:
     """``label -> overrides`` of the selection comparison."""
     out: dict[str, list[str]] = {
-        "last layer": ["--data.init_args.selection=last_layer", "--data.init_args.k=1"],
-        "best single layer": ["--data.init_args.selection=best_single", "--data.init_args.k=1"],
-        "scalar mix (all layers)": ["--data.init_args.selection=all", "--model.init_args.head=scalar_mix"],
+        "last layer": [f"{SELECTION}.method=last_layer", f"{SELECTION}.k=1"],
+        "best single layer": [f"{SELECTION}.method=best_single", f"{SELECTION}.k=1"],
+        "scalar mix (all layers)": [f"{SELECTION}.method=all", "--model.init_args.head=scalar_mix"],
     }
     for k in ks:
         for name, selection in (("LOES", "loes"), ("last-k concat", "last_k"),
                                 ("greedy ridge", "greedy_ridge"), ("exhaustive", "exhaustive")):
-            out[f"{name} K={k}"] = [f"--data.init_args.selection={selection}", f"--data.init_args.k={k}"]
+            out[f"{name} K={k}"] = [f"{SELECTION}.method={selection}", f"{SELECTION}.k={k}"]
             if selection == "loes":
-                out[f"LOES reference K={k}"] = [*REFERENCE_LOES, f"--data.init_args.k={k}"]
+                out[f"LOES reference K={k}"] = [*REFERENCE_LOES, f"{SELECTION}.k={k}"]
     return out
 
 
@@ -95,9 +98,8 @@ def loes_weight_variants(ks: Sequence[int], scales: Sequence[float]) -> dict[str
     for k in ks:
         for scale in scales:
             out[f"LOES K={k} scale={scale:g}"] = [
-                "--data.init_args.selection=loes", f"--data.init_args.k={k}",
-                f"--data.init_args.alpha={scale}", f"--data.init_args.gamma={0.5 * scale}",
-                f"--data.init_args.eta={0.1 * scale}"]
+                f"{SELECTION}.method=loes", f"{SELECTION}.k={k}", f"{SELECTION}.alpha={scale}",
+                f"{SELECTION}.gamma={0.5 * scale}", f"{SELECTION}.eta={0.1 * scale}"]
     return out
 
 
@@ -187,7 +189,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     extra = [*normalize_overrides(args.override), "--data.init_args.progress=false",
-             "--data.init_args.scores_path=null"]
+             "--data.init_args.selection.scores_path=null"]
     rows = []
     with quiet_lightning():
         for label, overrides in variants.items():

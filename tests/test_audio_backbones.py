@@ -16,6 +16,7 @@ from transformers import (
 
 from ripieno.datamodules import LayerEmbeddingDataModule
 from ripieno.datamodules.audio import AudioDataModule
+from ripieno.datamodules.layer_embedding_config import BackboneConfig, FeatureCacheConfig, SelectionConfig
 from ripieno.framework.backbones.loading import load_pretrained_backbone
 from ripieno.framework.cli import main
 from ripieno.framework.loes.extraction import extract_layer_embeddings
@@ -108,20 +109,20 @@ def test_users_audio_folders_run_through_the_audio_loes_recipe(tmp_path, audio_r
         folder = _wav2vec2_folder(tmp_path / kind, "group")
     source = {"class_path": "ripieno.datamodules.AudioDataModule",
               "init_args": {"dataset": "folder", "root": str(audio_root), "val_size": 0.25,
-                            "test_size": 0.34}}
+                            "test_size": 0.34, "test_dataset": None}}  # merged into the recipe's source
     main(["fit", "-c", RECIPE, "--trainer.fast_dev_run=2", f"--trainer.default_root_dir={tmp_path}",
           "--trainer.logger=false", "--trainer.enable_progress_bar=false",
           "--trainer.enable_model_summary=false", f"--data.init_args.source={json.dumps(source)}",
-          f"--data.init_args.backbone_dir={folder}", "--data.init_args.build_backbone=null",
-          f"--data.init_args.cache_dir={tmp_path}/cache", "--data.init_args.progress=false",
-          "--data.init_args.scores_path=null"])
+          f"--data.init_args.backbone.dir={folder}", "--data.init_args.backbone.build=null",
+          f"--data.init_args.cache.dir={tmp_path}/cache", "--data.init_args.progress=false",
+          "--data.init_args.selection.scores_path=null"])
     assert "test/accuracy" in capsys.readouterr().out
 
 
 def test_layer_embedding_module_passes_only_the_model_inputs(tmp_path, audio_root):
     folder = _wav2vec2_folder(tmp_path / "base", "group")
-    dm = LayerEmbeddingDataModule(source=_dm(audio_root, folder), backbone_dir=folder, pooling="mean",
-                                  selection="all", cache_dir=str(tmp_path / "cache"), progress=False,
-                                  scores_path=None)
+    dm = LayerEmbeddingDataModule(source=_dm(audio_root, folder), backbone=BackboneConfig(dir=folder),
+                                  selection=SelectionConfig(method="all", scores_path=None),
+                                  cache=FeatureCacheConfig(dir=str(tmp_path / "cache")), progress=False)
     dm.setup("fit")
     assert dm.spec.input_keys == ["input_values"]

@@ -40,8 +40,8 @@ def _run_recipe(root, name: str) -> pd.DataFrame:
                             "split_seed": 0, "max_rows": 200}}
     out = root / name
     main(["fit", "-c", "recipes/loes/text_gpt2_loes.yaml", f"--data.init_args.source={json.dumps(source)}",
-          f"--data.init_args.cache_dir={root / 'cache'}",
-          "--data.init_args.progress=false", "--data.init_args.scores_path=null", "--trainer.max_epochs=2",
+          f"--data.init_args.cache.dir={root / 'cache'}", "--data.init_args.progress=false",
+          "--data.init_args.selection.scores_path=null", "--trainer.max_epochs=2",
           "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false",
           "--tensorboard=false", f"--trainer.default_root_dir={out}"])
     (metrics,) = out.rglob("metrics.csv")

@@ -75,8 +75,9 @@ def test_georeg_rows_compare_each_form_with_no_georeg_on_its_own_layers() -> Non
 
 def test_reference_loes_overrides_are_the_reference_defaults() -> None:
     variants = loes_comparison.selection_variants([2])
-    assert variants["LOES reference K=2"] == [*loes_comparison.REFERENCE_LOES, "--data.init_args.k=2"]
-    assert "--data.init_args.ridge_loss=null" in loes_comparison.REFERENCE_LOES
+    assert variants["LOES reference K=2"] == [*loes_comparison.REFERENCE_LOES,
+                                              "--data.init_args.selection.k=2"]
+    assert "--data.init_args.selection.ridge_loss=null" in loes_comparison.REFERENCE_LOES
     forms = loes_comparison.georeg_variants([0.1], ["reference"])
     assert forms["GeoReg reference weight=0.1"][-1] == "--trainer.callbacks.init_args.variant=reference"
     with pytest.raises(ValueError, match="Unknown GeoReg forms"):

@@ -25,7 +25,8 @@ from ripieno.datamodules import (
 )
 from ripieno.datamodules.base import BatchDataset, SplitDataModule
 from ripieno.datamodules.images import ImageArrayDataset
-from ripieno.datamodules.layer_embeddings import LayerFeatureDataset, instantiate_source
+from ripieno.datamodules.layer_embedding_config import SelectionConfig
+from ripieno.datamodules.layer_embeddings import LayerFeatureDataset
 from ripieno.datamodules.splits import check_split_args, seeded_splits, split_rows, stratified_subset
 from ripieno.datamodules.tabular import TabularTensorDataset, _split_indices
 from ripieno.datamodules.teacher_student import PatternDataset
@@ -52,7 +53,7 @@ def test_incomplete_subclasses_fail_at_instantiation() -> None:
 @pytest.mark.parametrize("make", [
     TabularDataModule, ImageDataModule, TextDataModule, AudioDataModule, BackboneImageDataModule,
     TeacherStudentDataModule,
-    lambda: LayerEmbeddingDataModule(source={"class_path": "ripieno.datamodules.TextDataModule"}),
+    lambda: LayerEmbeddingDataModule(source=TextDataModule),
 ])
 def test_every_shipped_datamodule_instantiates(make) -> None:  # noqa: ANN001
     assert isinstance(make(), SplitDataModule)
@@ -96,28 +97,13 @@ def test_every_datamodule_error_is_a_datamodule_error(error: type[Exception]) ->
      "test_size must be a fraction"),
     (lambda: AudioDataModule(eval_batch_size=0).setup(), AudioDataError, "eval_batch_size must be a"),
     (lambda: TeacherStudentDataModule(n_inputs=0), DataModuleError, "n_inputs must be >= 1"),
-    (lambda: LayerEmbeddingDataModule(source={}, selection="random"), DataModuleError, "Unknown selection"),
-    (lambda: instantiate_source([]), DataModuleError, "source must be a LightningDataModule"),
+    (lambda: LayerEmbeddingDataModule(source=TextDataModule, selection=SelectionConfig(method="random")),
+     DataModuleError, "Unknown selection method"),
+    (lambda: LayerEmbeddingDataModule(source={}), DataModuleError, "source must be a LightningDataModule"),
 ])
 def test_bad_arguments_raise_datamodule_errors(make, error: type[Exception], match: str) -> None:  # noqa: ANN001
     with pytest.raises(error, match=match):
         make()
-
-
-def test_a_bare_source_class_name_resolves_in_ripieno_datamodules() -> None:
-    source = instantiate_source({"class_path": "TeacherStudentDataModule", "init_args": {"n_inputs": 4}})
-    assert isinstance(source, TeacherStudentDataModule) and source.hparams.n_inputs == 4
-
-
-def test_source_keys_beside_init_args_are_init_args() -> None:
-    # LightningCLI writes --data.init_args.source.init_args.n_inputs=3 as source["n_inputs"].
-    source = instantiate_source({"class_path": "TeacherStudentDataModule", "init_args": {"n_inputs": 4},
-                                 "n_val": 50})
-    assert source.hparams.n_inputs == 4 and source.hparams.n_val == 50
-    # ... and overrides a value the recipe set: --data.init_args.source.init_args.n_inputs=3.
-    source = instantiate_source({"class_path": "TeacherStudentDataModule", "init_args": {"n_inputs": 4},
-                                 "n_inputs": 3})
-    assert source.hparams.n_inputs == 3
 
 
 # ------------------------------------------------------------------------ splits

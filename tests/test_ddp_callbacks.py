@@ -8,6 +8,7 @@ from transformers import BertConfig, BertModel
 
 from ripieno.callbacks import ElasticAveraging, GeoReg, ReplicaCoupling, RoutingResampler
 from ripieno.datamodules import ImageDataModule, LayerEmbeddingDataModule, TextDataModule
+from ripieno.datamodules.layer_embedding_config import BackboneConfig, FeatureCacheConfig, SelectionConfig
 from ripieno.framework import FusionClassifier, MCoverClassifier
 from ripieno.framework.backbones.loading import minilm_dir
 
@@ -74,8 +75,10 @@ def test_georeg_under_ddp_logs_and_keeps_ranks_identical(tmp_path):
     BertModel(BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
                          intermediate_size=64)).save_pretrained(backbone)
     source = TextDataModule("rotten_tomatoes", tokenizer_dir=str(minilm_dir()), max_rows=200, max_length=16)
-    dm = LayerEmbeddingDataModule(source, backbone_dir=str(backbone), selection="all",
-                                  cache_dir=str(tmp_path / "cache"), progress=False, batch_size=32)
+    dm = LayerEmbeddingDataModule(source, backbone=BackboneConfig(dir=str(backbone)),
+                                  selection=SelectionConfig(method="all"),
+                                  cache=FeatureCacheConfig(dir=str(tmp_path / "cache")), progress=False,
+                                  batch_size=32)
     model = FusionClassifier(dm.spec, d_proj=8)
     gather = _GatherState(tmp_path / "state.pt", {"head": _head, "isotropy": _train_isotropy})
     _ddp(tmp_path, [GeoReg(weight=1.0), gather], epochs=2).fit(model, datamodule=dm)

@@ -17,6 +17,7 @@ from transformers import BertConfig, BertModel
 import ripieno.datamodules.layer_embeddings as layer_embeddings
 import ripieno.datamodules.text as text_module
 from ripieno.datamodules import LayerEmbeddingDataModule, TextDataModule
+from ripieno.datamodules.layer_embedding_config import BackboneConfig, FeatureCacheConfig, SelectionConfig
 from ripieno.framework.backbones.loading import load_pretrained_backbone
 from ripieno.framework.loes.extraction import extract_layer_embeddings
 from ripieno.framework.loes.feature_cache import CHECKSUM_KEY, cached_layer_embeddings
@@ -35,12 +36,14 @@ def folders(tmp_path_factory):
     return root
 
 
-def _module(folders, cache, **kwargs):
+def _module(folders, cache, bucket_by_length=True):
     source = TextDataModule(max_rows=120, tokenizer_dir=str(folders / "tok"), max_length=64,
                             eval_batch_size=16)
-    return LayerEmbeddingDataModule(source=source, backbone_dir=str(folders / "bert"), selection="all",
-                                    cache_dir=str(cache), progress=False, device="cpu", eval_batch_size=16,
-                                    **kwargs)
+    return LayerEmbeddingDataModule(
+        source=source, backbone=BackboneConfig(dir=str(folders / "bert")),
+        selection=SelectionConfig(method="all"),
+        cache=FeatureCacheConfig(dir=str(cache), device="cpu", bucket_by_length=bucket_by_length),
+        progress=False, eval_batch_size=16)
 
 
 class _Counter:

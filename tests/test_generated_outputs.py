@@ -150,12 +150,12 @@ def test_a_users_backbone_folder_is_never_written(bert: Path, tmp_path: Path, ca
     mine = tmp_path / "mymodel"
     mine.mkdir()
     (mine / "model.safetensors").write_bytes((bert / "model.safetensors").read_bytes())
-    text = one_line_error(loes_args(tmp_path / "run", f"--data.init_args.backbone_dir={mine}",
-                                    "--data.init_args.k=99"), mine)
-    assert f"backbone_dir={mine} and build_backbone=gpt2 are both set" in text
-    assert "--data.init_args.build_backbone=null" in text
-    text = one_line_error(loes_args(tmp_path / "run", f"--data.init_args.backbone_dir={mine}",
-                                    "--data.init_args.build_backbone=null"), mine)
+    text = one_line_error(loes_args(tmp_path / "run", f"--data.init_args.backbone.dir={mine}",
+                                    "--data.init_args.selection.k=99"), mine)
+    assert f"backbone.dir={mine} and backbone.build=gpt2 are both set" in text
+    assert "--data.init_args.backbone.build=null" in text
+    text = one_line_error(loes_args(tmp_path / "run", f"--data.init_args.backbone.dir={mine}",
+                                    "--data.init_args.backbone.build=null"), mine)
     assert text.startswith(f"ripieno: error: {mine}: has no config.json")
     assert not cache.exists() or not generated(cache)  # checked before the tokenizer was built
 
@@ -163,7 +163,7 @@ def test_a_users_backbone_folder_is_never_written(bert: Path, tmp_path: Path, ca
 @pytest.mark.parametrize("bad", ["k", "source"])
 def test_bad_settings_stop_before_anything_is_generated(bad: str, tmp_path: Path, cache: Path) -> None:
     if bad == "k":
-        args = loes_args(tmp_path / "run", "--data.init_args.k=99")
+        args = loes_args(tmp_path / "run", "--data.init_args.selection.k=99")
         expected = "k=99 exceeds the 4 candidate hidden states"
     else:
         spec = {"class_path": "ripieno.framework.TextClassifier", "init_args": {}}
@@ -185,12 +185,14 @@ def test_scores_go_into_the_run_folder_and_never_replace_a_file(tmp_path: Path, 
     quick = ["--trainer.fast_dev_run=1", "--test_after_fit=false"]
     run(loes_args(root, *quick), first, absolute)  # no logger: into default_root_dir
     run(loes_args(root, *quick), first, absolute, root / "selection_scores.csv")  # the same table: kept
-    run(loes_args(root, *quick, "--data.init_args.k=2"), first, absolute, root / "selection_scores.csv")
+    run(loes_args(root, *quick, "--data.init_args.selection.k=2"), first, absolute,
+        root / "selection_scores.csv")
     assert len(pd.read_csv(root / "selection_scores_1.csv")) < len(pd.read_csv(root / "selection_scores.csv"))
     run(loes_args(root, "--trainer.fast_dev_run=1", "--test_after_fit=false",
-                  f"--data.init_args.scores_path={absolute}"), first, absolute, root / "selection_scores.csv")
+                  f"--data.init_args.selection.scores_path={absolute}"), first, absolute,
+        root / "selection_scores.csv")
     assert (tmp_path / "mine_1.csv").is_file()
-    run(loes_args(root, "--trainer.fast_dev_run=1", "--data.init_args.scores_path=null"), first)
+    run(loes_args(root, "--trainer.fast_dev_run=1", "--data.init_args.selection.scores_path=null"), first)
     assert len(list(root.rglob("selection_scores*.csv"))) == 3
 
 

@@ -20,5 +20,6 @@ def test_best_scale_is_chosen_on_validation_nll_per_k():
 def test_weight_variants_scale_all_three_geometry_terms():
     variants = loes_comparison.loes_weight_variants([3], [0.5])
     assert variants["LOES K=3 scale=0.5"] == [
-        "--data.init_args.selection=loes", "--data.init_args.k=3", "--data.init_args.alpha=0.5",
-        "--data.init_args.gamma=0.25", "--data.init_args.eta=0.05"]
+        "--data.init_args.selection.method=loes", "--data.init_args.selection.k=3",
+        "--data.init_args.selection.alpha=0.5", "--data.init_args.selection.gamma=0.25",
+        "--data.init_args.selection.eta=0.05"]

@@ -11,6 +11,7 @@ from transformers import BertConfig, BertModel
 
 from ripieno.callbacks import GeoReg
 from ripieno.datamodules import TextDataModule
+from ripieno.datamodules.layer_embedding_config import BackboneConfig, FeatureCacheConfig, SelectionConfig
 from ripieno.datamodules.layer_embeddings import LayerEmbeddingDataModule
 from ripieno.framework.backbones.loading import minilm_dir
 from ripieno.framework.loes.extraction import extract_layer_embeddings
@@ -84,12 +85,14 @@ def test_isotropy_and_centroid_volume_closed_forms():
     assert float(two) == pytest.approx(math.log(3.0), rel=1e-5)
 
 
-def _layer_dm(tiny_bert, tmp_path, **kw):
+def _layer_dm(tiny_bert, tmp_path, *, backbone=None, finetune_backbone=False, **selection):
     path, _ = tiny_bert
     source = TextDataModule("rotten_tomatoes", tokenizer_dir=str(minilm_dir()), max_rows=240, max_length=24)
-    kw = {"selection": "loes", "k": 2, "cache_dir": str(tmp_path / "cache"), "progress": False,
-          "batch_size": 32} | kw
-    return LayerEmbeddingDataModule(source, backbone_dir=str(path), **kw)
+    return LayerEmbeddingDataModule(
+        source, backbone=BackboneConfig(dir=str(path), **(backbone or {})),
+        selection=SelectionConfig(**({"method": "loes", "k": 2} | selection)),
+        cache=FeatureCacheConfig(dir=str(tmp_path / "cache")), finetune_backbone=finetune_backbone,
+        progress=False, batch_size=32)
 
 
 def test_datamodule_selects_on_the_calibration_split_and_serves_the_selected_layers(tiny_bert, tmp_path):
@@ -105,17 +108,17 @@ def test_datamodule_selects_on_the_calibration_split_and_serves_the_selected_lay
     emb, _ = extract_layer_embeddings(model, [raw], spec.input_keys, "mean", progress=False)
     first = dm._splits["test"].layers[: len(raw["y"])]
     assert torch.allclose(first, emb[spec.selected_layers].transpose(0, 1), atol=1e-5)
-    fixed = _layer_dm(tiny_bert, tmp_path, selection="fixed", layers=[0, 3])
+    fixed = _layer_dm(tiny_bert, tmp_path, method="fixed", layers=[0, 3])
     assert fixed.spec.selected_layers == [0, 3]
     with pytest.raises(ValueError, match="out of range"):
-        _ = _layer_dm(tiny_bert, tmp_path, selection="fixed", layers=[7]).spec
+        _ = _layer_dm(tiny_bert, tmp_path, method="fixed", layers=[7]).spec
     with pytest.raises(ValueError, match="never 'test'"):
         _layer_dm(tiny_bert, tmp_path, calibration="test")
 
 
 @pytest.mark.parametrize("head", ["fusion", "scalar_mix", "linear"])
 def test_fusion_heads_train(tiny_bert, tmp_path, head):
-    dm = _layer_dm(tiny_bert, tmp_path, selection="all" if head == "scalar_mix" else "loes")
+    dm = _layer_dm(tiny_bert, tmp_path, method="all" if head == "scalar_mix" else "loes")
     model = FusionClassifier(dm.spec, head=head, d_proj=16)
     trainer = L.Trainer(max_epochs=2, logger=False, enable_progress_bar=False, enable_checkpointing=False,
                         enable_model_summary=False, default_root_dir=tmp_path / "run")
@@ -152,18 +155,18 @@ def test_datamodule_reference_variant_and_embedding_output_candidates(tiny_bert,
     table = pd.read_csv(scores)
     assert set(table["hidden_state"]) == {1, 2, 3}
     assert table["hidden_state"].tolist() == [dm.candidate_layers[i] for i in table["layer"]]
-    with_zero = _layer_dm(tiny_bert, tmp_path, include_embedding_output=True, selection="all")
+    with_zero = _layer_dm(tiny_bert, tmp_path, backbone={"include_embedding_output": True}, method="all")
     assert with_zero.spec.selected_layers == [0, 1, 2, 3]
     with pytest.raises(ValueError, match="ridge_loss"):
         _layer_dm(tiny_bert, tmp_path, variant="reference", ridge_loss="loo")
     with pytest.raises(ValueError, match="LOES variant"):
-        _layer_dm(tiny_bert, tmp_path, variant="reference", selection="greedy_ridge")
+        _layer_dm(tiny_bert, tmp_path, variant="reference", method="greedy_ridge")
 
 
 def test_georeg_raises_isotropy_and_logs_it(tiny_bert, tmp_path):
     def run(callbacks):
         torch.manual_seed(0)
-        dm = _layer_dm(tiny_bert, tmp_path, selection="all")
+        dm = _layer_dm(tiny_bert, tmp_path, method="all")
         model = FusionClassifier(dm.spec, d_proj=16, lr=3e-3)
         trainer = L.Trainer(max_epochs=4, logger=False, enable_progress_bar=False, enable_checkpointing=False,
                             enable_model_summary=False, callbacks=callbacks, default_root_dir=tmp_path)

@@ -150,9 +150,9 @@ def _loes_args(root: Path, backbone: Path) -> list[str]:
               "init_args": {"dataset": "rotten_tomatoes", "max_length": 32, "build_tokenizer": True,
                             "vocab_size": VOCAB, "max_rows": 120}}
     return ["fit", "-c", "recipes/loes/text_gpt2_loes.yaml", f"--data.init_args.source={json.dumps(source)}",
-            f"--data.init_args.backbone_dir={backbone}", "--data.init_args.build_backbone=null",
-            f"--data.init_args.cache_dir={root / 'cache'}",
-            "--data.init_args.progress=false", "--data.init_args.scores_path=null", "--tensorboard=false",
+            f"--data.init_args.backbone.dir={backbone}", "--data.init_args.backbone.build=null",
+            f"--data.init_args.cache.dir={root / 'cache'}", "--data.init_args.progress=false",
+            "--data.init_args.selection.scores_path=null", "--tensorboard=false",
             f"--trainer.default_root_dir={root / 'run'}"]
 
 

@@ -1,12 +1,15 @@
 """LOES on the converted real encoders: layers of different widths (EfficientNet-Lite0's stages), and
 the live (fine-tuning) path pooling exactly what the cache holds."""
 
+from functools import partial
+
 import pytest
 import torch
 from test_backbone_datamodules import write_image_folder
 
 from ripieno.datamodules import LayerEmbeddingDataModule
 from ripieno.datamodules.base import DataModuleError
+from ripieno.datamodules.layer_embedding_config import BackboneConfig, FeatureCacheConfig, SelectionConfig
 from ripieno.datamodules.vision_backbone import BackboneImageDataModule
 from ripieno.framework import FusionClassifier
 from ripieno.framework.loes.fusion import LayerFusionHead
@@ -19,17 +22,21 @@ def images(tmp_path_factory):
     return write_image_folder(tmp_path_factory.mktemp("img") / "pets", per_class=6)
 
 
-def _dm(images, tmp_path, **kwargs):
+def _dm(images, tmp_path, backbone=None, finetune_backbone=False, **selection):
     """EfficientNet-Lite0, converted once into the session's cache folder (``convert_backbone``)."""
-    source = BackboneImageDataModule(dataset="folder", root=str(images), val_size=0.25, test_size=0.25,
-                                     eval_batch_size=8)
-    return LayerEmbeddingDataModule(source=source, convert_backbone="efficientnet_lite0", pooling="mean",
-                                    cache_dir=str(tmp_path / "cache"), progress=False, device="cpu",
-                                    eval_batch_size=8, calibration_rows=None, **kwargs)
+    # a factory: the module builds the source with the converted folder's preprocessing (model_dir)
+    source = partial(BackboneImageDataModule, dataset="folder", root=str(images), val_size=0.25,
+                     test_size=0.25, eval_batch_size=8)
+    return LayerEmbeddingDataModule(
+        source=source,
+        backbone=BackboneConfig(convert="efficientnet_lite0", pooling="mean", **(backbone or {})),
+        selection=SelectionConfig(calibration_rows=None, **selection),
+        cache=FeatureCacheConfig(dir=str(tmp_path / "cache"), device="cpu"), progress=False,
+        eval_batch_size=8, finetune_backbone=finetune_backbone)
 
 
 def test_loes_over_stages_of_different_widths(images, tmp_path):
-    dm = _dm(images, tmp_path, selection="loes", k=3, variant="reference")
+    dm = _dm(images, tmp_path, method="loes", k=3, variant="reference")
     spec = dm.spec
     widths = [32, 16, 24, 40, 80, 112, 192, 320, 1280]
     assert spec.n_layers == 9 and spec.d_model == 1280
@@ -45,8 +52,8 @@ def test_loes_over_stages_of_different_widths(images, tmp_path):
 
 
 def test_live_pooling_equals_the_cache(images, tmp_path):
-    cached = _dm(images, tmp_path, selection="last_k", k=2)
-    live = _dm(images, tmp_path, selection="last_k", k=2, finetune_backbone=True)
+    cached = _dm(images, tmp_path, method="last_k", k=2)
+    live = _dm(images, tmp_path, method="last_k", k=2, finetune_backbone=True)
     model = FusionClassifier(live.spec, finetune_backbone=True).eval()
     rows = [0, 1, 2]
     source_batch = live.source._split("val").__getitems__(rows)
@@ -63,7 +70,7 @@ def test_scalar_mix_needs_one_width():
 
 def test_convert_and_build_are_exclusive(images, tmp_path):
     with pytest.raises(DataModuleError, match="not both"):
-        _dm(images, tmp_path, build_backbone="dinov2")
+        _dm(images, tmp_path, backbone={"build": "dinov2"})
 
 
 def test_a_users_module_with_named_layers(images, tmp_path):
@@ -80,9 +87,10 @@ def test_a_users_module_with_named_layers(images, tmp_path):
     def module_dm(**kwargs):
         source = BackboneImageDataModule(dataset="folder", root=str(images), model_dir=str(processor_dir),
                                          val_size=0.25, test_size=0.25)
-        return LayerEmbeddingDataModule(source=source, backbone=net, layer_names=["1", "3", "5"],
-                                        selection="all", pooling="mean", cache_dir=str(tmp_path / "cache"),
-                                        progress=False, device="cpu", calibration_rows=None, **kwargs)
+        return LayerEmbeddingDataModule(
+            source=source, backbone=BackboneConfig(module=net, layer_names=["1", "3", "5"], pooling="mean"),
+            selection=SelectionConfig(method="all", calibration_rows=None),
+            cache=FeatureCacheConfig(dir=str(tmp_path / "cache"), device="cpu"), progress=False, **kwargs)
 
     dm = module_dm()
     spec = dm.spec
@@ -111,10 +119,12 @@ def test_ddp_spawn_runs_the_backbone_once(images, tmp_path):
     log = tmp_path / "forwards.txt"
     source = BackboneImageDataModule(dataset="folder", root=str(images), model_dir=str(processor_dir),
                                      val_size=0.25, test_size=0.25, eval_batch_size=8)
-    dm = LayerEmbeddingDataModule(source=source, backbone=CountingCNN(str(log)),
-                                  layer_names=["body.1", "body.3"], selection="all", pooling="mean",
-                                  cache_dir=str(tmp_path / "cache"), progress=False, device="cpu",
-                                  eval_batch_size=8, batch_size=4)
+    dm = LayerEmbeddingDataModule(
+        source=source, backbone=BackboneConfig(module=CountingCNN(str(log)), layer_names=["body.1", "body.3"],
+                                               pooling="mean"),
+        selection=SelectionConfig(method="all"), cache=FeatureCacheConfig(dir=str(tmp_path / "cache"),
+                                                                          device="cpu"),
+        progress=False, eval_batch_size=8, batch_size=4)
     model = FusionClassifier(dm.spec, d_proj=4)
     rows_extracted = sum(int(n) for n in log.read_text().split())
     assert rows_extracted == 18  # every image of the three splits, once

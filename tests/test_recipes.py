@@ -24,11 +24,12 @@ def _quick_layer_embeddings(config, tmp_path):
     source = args["source"]
     init = dict(source.get("init_args") or {})
     init["max_rows" if source["class_path"].endswith("TextDataModule") else "max_train_rows"] = 120
-    if args.get("convert_backbone") and source["class_path"].endswith("BackboneImageDataModule"):
+    converted = (args.get("backbone") or {}).get("convert")
+    if converted and source["class_path"].endswith("BackboneImageDataModule"):
         init["test_size"] = 0.05  # a real ImageNet encoder at 224 px: keep the carved test split small
     out = [f"--data.init_args.source={json.dumps({'class_path': source['class_path'], 'init_args': init})}",
-           f"--data.init_args.cache_dir={tmp_path}/cache", "--data.init_args.progress=false",
-           "--data.init_args.scores_path=null", "--trainer.enable_progress_bar=false",
+           f"--data.init_args.cache.dir={tmp_path}/cache", "--data.init_args.progress=false",
+           "--data.init_args.selection.scores_path=null", "--trainer.enable_progress_bar=false",
            "--trainer.enable_model_summary=false"]
     return out  # generated and converted backbones and tokenizers go to the session's cache folder
 

@@ -20,6 +20,7 @@ Example:
 
 from __future__ import annotations
 
+import ast
 import difflib
 import importlib
 import inspect
@@ -34,6 +35,7 @@ _NOT_ACCEPTED = re.compile(r"Option '([^']+)' is not accepted|Key \"([^\"]+)\" i
 _UNRECOGNIZED = re.compile(r"[Uu]nrecognized arguments: (.+)")
 _EXPECTED = re.compile(r"Expected a <class '([^']+)'>")
 _GIVEN = re.compile(r"Given value: (.+)")
+_NOT_SUBCLASS = re.compile(r"Import path (\S+) does not correspond to a subclass of (\w+)")
 _NESTED_VALUE = re.compile(r"Expected a (.+?)\. Got value: (.+)")
 MAX_DETAIL_LINES = 12
 
@@ -52,8 +54,13 @@ def explain_config_error(message: str, option_names: Iterable[str], config_files
         config_files: The config files given (``-c``), named when one is not valid YAML.
 
     Returns:
-        The explanation: one line, then up to ``MAX_DETAIL_LINES`` of the parser's details.
+        The explanation: one line, then up to ``MAX_DETAIL_LINES`` of the parser's details; only
+        the line for a key that moved or a class that is not of the type asked for (the
+        parser's details, a list of union types tried, add nothing there).
     """
+    whole = _moved_init_args(message) or _not_a_subclass(message)
+    if whole is not None:
+        return whole
     first = (_unknown_init_arg(message) or _bad_init_arg_value(message)
              or _unrecognized(message, option_names) or _wrong_value(message)
              or _bad_yaml(message, list(config_files)))
@@ -66,6 +73,48 @@ def explain_config_error(message: str, option_names: Iterable[str], config_files
         lines += ["  " + line for line in details[:MAX_DETAIL_LINES]]
     lines.append("See the settings with: ripieno <subcommand> -c <recipe> --print_config")
     return "\n".join(lines)
+
+
+def _moved_init_args(message: str) -> str | None:
+    """Flat arguments that a class now reads from a group: the keys its ``MOVED_ARGUMENTS`` names instead.
+
+    A class that grouped its arguments keeps a table ``{old name: "group.name"}``; a name given
+    flat (or a group given a plain value, as ``selection: loes``) is answered with the grouped
+    keys, every one of them when the parser shows the whole mapping that was given.
+    """
+    key, class_path = _PARSER_KEY.search(message), _CLASS_PATH.search(message)
+    cls = _imported(class_path.group(1)) if key and class_path else None
+    moved = getattr(cls, "MOVED_ARGUMENTS", None)
+    if not (key and class_path and isinstance(moved, dict)):
+        return None
+    given_line = _GIVEN.search(message)
+    try:
+        given = ast.literal_eval(given_line.group(1).strip()) if given_line else None
+    except (ValueError, SyntaxError):
+        given = None
+    init_args = given.get("init_args") if isinstance(given, dict) else None
+    names = list(init_args) if isinstance(init_args, dict) else []
+    option = _NOT_ACCEPTED.search(message)
+    names += [option.group(1) or option.group(2)] if option else []
+    plain = re.search(r'Parser key "([^"]+)":\s*Unable to load config', message)  # a group given a value
+    current = set(_arguments_of(class_path.group(1)))  # a group's own name: only when given a plain value
+    names = [name for name in names if name in moved and name not in current]
+    names += [plain.group(1)] if plain and plain.group(1) in moved else []
+    section = f"{key.group(1)}.init_args"
+    pairs = {f"{section}.{name}": f"{section}.{moved[name]}" for name in dict.fromkeys(names)}
+    if not pairs:
+        return None
+    keys = "; ".join(f"{old} is now {new}" for old, new in pairs.items())
+    return f"{class_path.group(1)} groups its settings: {keys} (see its docstring for the grouped form)."
+
+
+def _not_a_subclass(message: str) -> str | None:
+    """A ``class_path`` of a class that is not of the argument's type (a source that is no datamodule)."""
+    keys, found = _PARSER_KEY.findall(message), _NOT_SUBCLASS.search(message)
+    if len(keys) < 2 or not (found and _CLASS_PATH.search(message)):
+        return None
+    return (f"{keys[0]}.init_args.{keys[1]}: {found.group(1)} is not a {found.group(2)}; give the class_path"
+            f" of one.")
 
 
 def _unknown_init_arg(message: str) -> str | None:
@@ -131,12 +180,19 @@ def _first_problem(details: list[str]) -> str:
     return details[0].strip()
 
 
-def _arguments_of(class_path: str) -> list[str]:
-    """The keyword arguments of a class named by its import path (empty if it cannot be imported)."""
+def _imported(class_path: str) -> type | None:
+    """The class named by its import path (``None`` if it cannot be imported)."""
     module, _, name = class_path.rpartition(".")
     try:
-        cls = getattr(importlib.import_module(module), name)
-        parameters = inspect.signature(cls).parameters.values()
-    except (ImportError, AttributeError, ValueError, TypeError):
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError):
+        return None
+
+
+def _arguments_of(class_path: str) -> list[str]:
+    """The keyword arguments of a class named by its import path (empty if it cannot be imported)."""
+    try:
+        parameters = inspect.signature(_imported(class_path)).parameters.values()
+    except (ValueError, TypeError):
         return []
     return [p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]

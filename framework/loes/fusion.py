@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
+from typing_extensions import override
 
 from ripieno.framework.backbones.loading import load_pretrained_backbone
 from ripieno.framework.loes.extraction import _frame_mask, hidden_states, pool, stack_padded
@@ -43,6 +44,18 @@ class LayerFusionHead(nn.Module):
         layer_dims: the width of each layer when they differ (inputs zero-padded to
             ``d_in``; each branch reads its layer's first ``layer_dims[k]`` entries);
             ``None``: all ``d_in``. ``scalar_mix`` needs one width.
+
+    Shape:
+        - Input: ``(B, K, D)``: batch, selected layers, ``d_in`` (narrower layers zero-padded).
+        - Output: ``(logits, z)``: logits ``(B, n_classes)`` and the fused embedding ``z``,
+          ``(B, K * d_proj)`` (``fusion``), ``(B, d_proj)`` (``scalar_mix``) or
+          ``(B, sum(layer_dims))`` (``linear``).
+
+    Example:
+        >>> head = LayerFusionHead(n_layers=3, d_in=16, n_classes=4, d_proj=8)
+        >>> logits, z = head(torch.randn(5, 3, 16))
+        >>> logits.shape, z.shape
+        (torch.Size([5, 4]), torch.Size([5, 24]))
     """
 
     def __init__(self, n_layers: int, d_in: int, n_classes: int, d_proj: int = 128, dropout: float = 0.1,
@@ -136,6 +149,7 @@ class FusionClassifier(MemberModule):
             pooled.append(pool(states[i], mask, self.spec.pooling))
         return stack_padded(pooled)[0]
 
+    @override
     def forward(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
         """``(logits, fused embedding)`` of a batch."""
         return self.head(self.layers(batch))
@@ -148,9 +162,13 @@ class FusionClassifier(MemberModule):
         """Cross-entropy; ``features`` is the fused embedding (what GeoReg regularises)."""
         logits, z = self(batch)
         members = logits[:, None]
-        return {"loss": self.member_loss(members, batch["y"]), "member_outputs": members,
-                "target": batch["y"], "features": z}
+        out: StepOutput = {"member_outputs": members, "target": batch["y"], "features": z}
+        loss = self.labelled_loss(members, batch["y"], stage)
+        if loss is not None:
+            out["loss"] = loss
+        return out
 
+    @override
     def predict_step(self, batch: dict[str, Tensor], batch_idx: int,
                      dataloader_idx: int = 0) -> PredictOutput:
         """Class probabilities ``prediction (B, C)``, ``member_predictions`` and ``features``."""
