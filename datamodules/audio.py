@@ -61,6 +61,7 @@ from ripieno.datamodules.vision_backbone import (
     resolve_model_dir,
 )
 from ripieno.framework.backbones.model_folder import json_object
+from ripieno.framework.extras import require
 from ripieno.framework.outputs.output_files import cache_dir as ripieno_cache_dir
 
 DIGIT_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
@@ -107,6 +108,7 @@ def read_mono(path: str | Path | InMemoryClip) -> tuple[np.ndarray, int]:
     """
     import io
 
+    require("audio", "soundfile", "Reading audio files")
     import soundfile
 
     source: Any = io.BytesIO(path.data) if isinstance(path, InMemoryClip) else str(path)
@@ -127,6 +129,7 @@ def resample_clips(waves: Sequence[np.ndarray], orig_freq: int, new_freq: int,
     ``ceil(len * new_freq / orig_freq)`` samples: the same values as resampling each clip
     alone (torchaudio pads with zeros too), without recomputing the sinc kernel per clip.
     """
+    require("audio", "torchaudio", "Resampling audio")
     import torchaudio.functional as AF
 
     if orig_freq == new_freq:
@@ -410,6 +413,7 @@ def load_feature_extractor(model_dir: str | Path | None) -> Any:  # noqa: ANN401
     if "sampling_rate" not in json_object(config, hint, AudioDataError):
         raise AudioDataError(f"{str(config)!r} is not an audio feature extractor config (no sampling_rate);"
                              " is model_dir a vision or text model?")
+    require("audio", "transformers", "AudioDataModule")
     from transformers import AutoFeatureExtractor
 
     return AutoFeatureExtractor.from_pretrained(str(path), local_files_only=True)

@@ -36,9 +36,11 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 from torch.utils.data import DataLoader
+from typing_extensions import override
 
 from ripieno.datamodules.base import BatchDataset, DataModuleError, SplitDataModule
 from ripieno.datamodules.splits import check_split_args, seeded_splits
+from ripieno.framework.extras import require
 from ripieno.framework.specs.image import ImageSpec
 
 FASHION_MNIST_DEBIAN_ROOT = "/usr/share/datasets/fashion-mnist"
@@ -263,6 +265,7 @@ def _open_torchvision(kind: str, root: str, train: bool) -> Any:  # noqa: ANN401
     too), and CIFAR-10 reads whichever ``data_batch_*`` files are present, warning when
     some of the five standard ones are missing.
     """
+    require("vision", "torchvision", "The torchvision image sets")
     import torchvision.datasets as tvd
 
     base = getattr(tvd, _TORCHVISION_CLASSES[kind])
@@ -432,6 +435,7 @@ class ImageDataModule(SplitDataModule):
         """The data's spec; prepares (loads, validates, splits) on first use."""
         return super().spec
 
+    @override
     def test_dataloader(self) -> DataLoader | list[DataLoader]:
         """ID test batches, or ``[id_test, ood]`` when an OOD source is set."""
         id_test = self._loader(self._split("test"), self.hparams.eval_batch_size)

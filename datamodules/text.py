@@ -55,6 +55,7 @@ from ripieno.datamodules.hf_datasets import SplitPolicy, load_hf_splits, resolve
 from ripieno.datamodules.splits import check_split_args, split_rows, stratified_subset
 from ripieno.datamodules.tabular import read_table
 from ripieno.framework.errors import file_problem
+from ripieno.framework.extras import require
 from ripieno.framework.messages import get_logger
 from ripieno.framework.outputs.generated_folders import build_once, generated_dir
 from ripieno.framework.specs.text import TextSpec
@@ -396,6 +397,7 @@ def train_bpe_tokenizer(texts: list[str], vocab_size: int, out_dir: str | Path) 
     The end-of-text token ``<|endoftext|>`` is bos, eos, unk and pad. Returns the
     ``PreTrainedTokenizerFast``; ``AutoTokenizer.from_pretrained(out_dir)`` reloads it.
     """
+    require("text", "transformers", "Training a BPE tokenizer")
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -422,6 +424,7 @@ def bpe_tokenizer_record(texts: list[str], vocab_size: int) -> dict[str, Any]:
         >>> a["texts_sha256"] != b["texts_sha256"], a["vocab_size"]
         (True, 300)
     """
+    require("text", "tokenizers", "Training a BPE tokenizer")
     import tokenizers
 
     from ripieno.datamodules.fingerprints import Fingerprint
@@ -463,6 +466,7 @@ def cached_bpe_tokenizer(texts: list[str], vocab_size: int, name: str) -> tuple[
 
 def load_tokenizer(tokenizer_dir: str | Path) -> Any:  # noqa: ANN401
     """A saved Hugging Face tokenizer (local files only); pad falls back to eos."""
+    require("text", "transformers", "TextDataModule")
     from transformers import AutoTokenizer
 
     path = Path(tokenizer_dir).expanduser()

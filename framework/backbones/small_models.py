@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from ripieno.framework.extras import require
 from ripieno.framework.messages import command_output, get_logger
 from ripieno.framework.outputs.generated_folders import build_once, generated_dir
 
@@ -76,6 +77,7 @@ def build_small_dinov2(
     Returns:
         The folder, loadable with ``AutoModel`` / ``AutoImageProcessor.from_pretrained``.
     """
+    require("vision", "transformers", "A small DINOv2")
     from transformers import BitImageProcessor, Dinov2Config, Dinov2Model
 
     if image_size % patch_size:
@@ -129,6 +131,7 @@ def build_small_wav2vec2(
     Returns:
         The folder, loadable with ``AutoModel`` / ``Wav2Vec2FeatureExtractor.from_pretrained``.
     """
+    require("audio", "transformers", "A small Wav2Vec2")
     from transformers import Wav2Vec2Config, Wav2Vec2FeatureExtractor, Wav2Vec2Model
 
     target = Path(target_dir).expanduser()
@@ -177,6 +180,7 @@ def build_small_timm_dinov2(
     Returns:
         The folder, loadable with ``timm.create_model("local-dir:" + folder, pretrained=True)``.
     """
+    require("vision", "timm", "A small timm DINOv2")
     import timm
     from timm.models import save_for_hf
 
@@ -214,6 +218,7 @@ def build_small_gpt2(
     Returns:
         The folder, loadable with ``AutoModel.from_pretrained``.
     """
+    require("text", "transformers", "A small GPT-2")
     from transformers import GPT2Config, GPT2Model
 
     target = Path(target_dir).expanduser()

@@ -30,9 +30,11 @@ from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
+from typing_extensions import override
 
 from ripieno.framework.backbones.model_folder import ModelFolderError, check_model_folder
 from ripieno.framework.errors import RipienoInputError, file_problem
+from ripieno.framework.extras import require
 from ripieno.framework.messages import get_logger
 from ripieno.framework.methods.member_module import MemberModule
 from ripieno.framework.specs.text import TextSpec
@@ -64,6 +66,7 @@ def is_decoder_only(config: Any) -> bool:  # noqa: ANN401
         >>> is_decoder_only(GPT2Config()), is_decoder_only(BertConfig())
         (True, False)
     """
+    require("text", "transformers", "TextClassifier")
     from transformers.models.auto.modeling_auto import (
         MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
         MODEL_FOR_MASKED_LM_MAPPING_NAMES,
@@ -131,6 +134,7 @@ def load_text_backbone(pretrained_dir: str) -> nn.Module:
             model (T5, BART), whose ``AutoModel`` needs decoder inputs: load its encoder with
             ``.get_encoder()`` in your own module instead.
     """
+    require("text", "transformers", "TextClassifier")
     from transformers import AutoConfig, AutoModel
 
     check_model_folder(pretrained_dir, PRETRAINED_FIX)
@@ -190,6 +194,7 @@ class TextClassifier(MemberModule):
             # without train() the backbone's dropout would stay off while fine-tuning.
             self.backbone = load_text_backbone(pretrained_dir).train()
         else:
+            require("text", "transformers", "TextClassifier")
             from transformers import GPT2Config, GPT2Model
 
             config = GPT2Config(
@@ -212,6 +217,7 @@ class TextClassifier(MemberModule):
         self.head = nn.Linear(config.hidden_size, spec.n_classes)
         self.init_members("logits", spec.n_classes)
 
+    @override
     def forward(self, inputs: dict[str, Tensor]) -> Tensor:
         """Logits ``(B, C)`` from padded ``{"input_ids", "attention_mask"}``."""
         mask = inputs["attention_mask"]
