@@ -17,6 +17,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Sampler
+from typing_extensions import override
 
 from ripieno.framework.errors import RipienoInputError
 
@@ -101,25 +102,30 @@ class SplitDataModule(L.LightningDataModule, ABC):
             self._prepare()
         return self._spec
 
+    @override
     def setup(self, stage: str | None = None) -> None:
         """Prepare the splits (idempotent; identical on every DDP rank)."""
         if self._spec is None:
             self._prepare()
 
+    @override
     def train_dataloader(self) -> DataLoader:
         """Shuffled training batches (order seeded by ``split_seed`` and the epoch)."""
         data = self._split("train")
         sampler = EpochSeededRandomSampler(len(data), seed=self.hparams.split_seed)
         return self._loader(data, self.hparams.batch_size, sampler=sampler)
 
+    @override
     def val_dataloader(self) -> DataLoader:
         """Validation batches in a fixed order."""
         return self._loader(self._split("val"), self.hparams.eval_batch_size)
 
+    @override
     def test_dataloader(self) -> DataLoader | list[DataLoader]:
         """Test batches in a fixed order."""
         return self._loader(self._split("test"), self.hparams.eval_batch_size)
 
+    @override
     def predict_dataloader(self) -> DataLoader:
         """The test split, for ``predict``."""
         return self._loader(self._split("test"), self.hparams.eval_batch_size)
@@ -138,10 +144,12 @@ class SplitDataModule(L.LightningDataModule, ABC):
         self.setup()
         return {name: len(data) for name, data in self._splits.items()}
 
+    @override
     def state_dict(self) -> dict[str, Any]:
         """The compact spec (its fitted state as a digest), so a resumed run can check its data."""
         return {"spec": self.spec.hparams_dict()}
 
+    @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Warn when the checkpoint's data spec differs from the current one."""
         saved = state_dict.get("spec")

@@ -16,6 +16,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 from torch.utils.data import DataLoader
+from typing_extensions import override
 
 from ripieno.datamodules.base import (  # noqa: F401
     BatchDataset,
@@ -372,6 +373,7 @@ class TabularDataModule(SplitDataModule):
         ids = frame[id_name].tolist() if id_name != "row" else list(range(len(frame)))
         self._prediction_ids = (id_name, ids)
 
+    @override
     def predict_dataloader(self) -> DataLoader:
         """The rows of ``predict_path`` in file order, else the test split."""
         name = "predict" if self.hparams.predict_path is not None else "test"

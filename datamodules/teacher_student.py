@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 from torch.utils.data import DataLoader
+from typing_extensions import override
 
 from ripieno.datamodules.base import BatchDataset, DataModuleError, EpochSeededRandomSampler, SplitDataModule
 from ripieno.framework.mcover.perceptron import INPUTS, Inputs, TeacherStudentSpec, teacher_student_data
@@ -99,6 +100,7 @@ class TeacherStudentDataModule(SplitDataModule):
                                         n_test=hp.n_test, inputs=hp.inputs, label_noise=hp.label_noise,
                                         teacher=teacher.long().tolist())
 
+    @override
     def train_dataloader(self) -> DataLoader:
         """The training set as one batch, or shuffled batches (order seeded by ``seed`` and the epoch)."""
         data = self._split("train")
@@ -107,14 +109,17 @@ class TeacherStudentDataModule(SplitDataModule):
         return self._loader(data, self.hparams.batch_size,
                             sampler=EpochSeededRandomSampler(len(data), seed=self.hparams.seed))
 
+    @override
     def val_dataloader(self) -> DataLoader:
         """Validation batches in a fixed order."""
         return self._eval_loader("val")
 
+    @override
     def test_dataloader(self) -> DataLoader:
         """Test batches in a fixed order."""
         return self._eval_loader("test")
 
+    @override
     def predict_dataloader(self) -> DataLoader:
         """The test split, for ``predict``."""
         return self._eval_loader("test")

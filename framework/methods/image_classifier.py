@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from torch import Tensor, nn
+from typing_extensions import override
 
 from ripieno.framework.methods.member_module import MemberModule
 from ripieno.framework.specs.image import ImageSpec
@@ -88,6 +89,7 @@ class ImageClassifier(MemberModule):
         self.head = nn.Linear(d, spec.n_classes)
         self.init_members("logits", spec.n_classes)
 
+    @override
     def forward(self, x: Tensor) -> Tensor:
         """Logits ``(B, C)`` for images ``(B, C_in, H, W)``."""
         return self.head(self.dropout(self.features(x)))

@@ -38,6 +38,7 @@ import torchmetrics
 from lightning.pytorch.utilities.types import LRSchedulerConfigType
 from torch import Tensor, nn
 from torchmetrics import Metric, MetricCollection
+from typing_extensions import override
 
 from ripieno.framework.members import (
     MemberOutputKind,
@@ -229,6 +230,7 @@ class MemberModule(LossTermsMixin, RNGStateMixin, L.LightningModule):
         return len(target)
 
     # ------------------------------------------------------------------------ steps
+    @override
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> StepOutput:
         """The method's loss plus every registered loss term."""
         out = self.step(batch, "train")
@@ -242,11 +244,13 @@ class MemberModule(LossTermsMixin, RNGStateMixin, L.LightningModule):
         self.log("train/loss", loss, on_step=False, on_epoch=True, batch_size=n, sync_dist=True, logger=False)
         return _detached(out)
 
+    @override
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int,
                         dataloader_idx: int = 0) -> StepOutput:
         """Loss and metrics on the validation split."""
         return self.evaluation_step(batch, "val")
 
+    @override
     def test_step(self, batch: dict[str, Tensor], batch_idx: int, dataloader_idx: int = 0) -> StepOutput:
         """Loss and metrics on the test split; rows labelled ``-1`` (OOD) only pass through."""
         return self.evaluation_step(batch, "test")
@@ -265,14 +269,17 @@ class MemberModule(LossTermsMixin, RNGStateMixin, L.LightningModule):
                          add_dataloader_idx=False)
         return _detached(out)
 
+    @override
     def on_validation_epoch_start(self) -> None:
         """Start from empty metric states (a ``ddp_spawn`` fit hands back synced ones)."""
         self.metrics["val_"].reset()
 
+    @override
     def on_test_epoch_start(self) -> None:
         """Start from empty metric states."""
         self.metrics["test_"].reset()
 
+    @override
     def predict_step(self, batch: dict[str, Tensor], batch_idx: int,
                      dataloader_idx: int = 0) -> PredictOutput:
         """``prediction`` (mean member probability, or mean output in original units) and members."""
@@ -299,6 +306,7 @@ class MemberModule(LossTermsMixin, RNGStateMixin, L.LightningModule):
         """
         return None
 
+    @override
     def configure_optimizers(self) -> Any:  # noqa: ANN401
         """``build_optimizer(optimizer_parameters())`` and its schedule, if any."""
         optimizer = self.build_optimizer(self.optimizer_parameters())

@@ -16,6 +16,7 @@ import lightning as L
 import torchmetrics
 from torch import Tensor
 from torchmetrics import Metric, MetricCollection
+from typing_extensions import override
 
 from ripieno.framework.members import (
     StepOutput,
@@ -140,6 +141,7 @@ class TabularEnsembleModule(TabularPredictionMixin, MemberModule):
             return float(self.spec.target_std), float(self.spec.target_mean)
         return 1.0, 0.0
 
+    @override
     def forward(self, x_num: Tensor | dict[str, Tensor] | None, x_cat: Tensor | None = None) -> Tensor:
         """Raw member outputs ``(B, K, d_out)``: logits, or standardised regression values.
 
@@ -253,12 +255,14 @@ class TabularEnsembleModule(TabularPredictionMixin, MemberModule):
         selected.member_selection = selection
         return selected
 
+    @override
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Also save ``member_selection`` (plain Python)."""
         super().on_save_checkpoint(checkpoint)
         if self.member_selection is not None:
             checkpoint["ripieno_member_selection"] = self.member_selection.to_dict()
 
+    @override
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Restore ``member_selection``."""
         super().on_load_checkpoint(checkpoint)

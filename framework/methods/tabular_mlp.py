@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from typing_extensions import override
 
 from ripieno.framework.members import member_output_kind_of_task
 from ripieno.framework.methods.member_module import MemberModule
@@ -65,6 +66,7 @@ class TabularMLP(TabularPredictionMixin, MemberModule):
                 self.head.bias.fill_(spec.target_mean)
         self.init_members(member_output_kind_of_task(spec.task), spec.n_classes)
 
+    @override
     def forward(self, x_num: Tensor | dict[str, Tensor], x_cat: Tensor | None = None) -> Tensor:
         """Outputs ``(B, d_out)``: regression values in target units, or logits."""
         if isinstance(x_num, dict):
