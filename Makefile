@@ -24,6 +24,11 @@ $(STAMP): pyproject.toml
 	  if [ "$$(id -u)" = 0 ]; then apt-get install -y -q espeak-ng asterisk-core-sounds-en-wav >/dev/null || \
 	    (apt-get update -q >/dev/null && apt-get install -y -q espeak-ng asterisk-core-sounds-en-wav >/dev/null); \
 	  else echo "ripieno: audio data needs: sudo apt-get install espeak-ng asterisk-core-sounds-en-wav"; fi; fi
+	@# ripieno tune's tests start a real PostgreSQL server (Debian's postgresql) on a Unix socket.
+	@if ! command -v initdb >/dev/null && [ -z "$$(ls /usr/lib/postgresql/*/bin/initdb 2>/dev/null)" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then apt-get install -y -q postgresql >/dev/null || \
+	    (apt-get update -q >/dev/null && apt-get install -y -q postgresql >/dev/null); \
+	  else echo "ripieno: the PostgreSQL storage test needs: sudo apt-get install postgresql"; fi; fi
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	@# Every extra (text, vision, audio) and the test tools: `make` installs all.
@@ -73,6 +78,7 @@ bench: $(STAMP)  ## Speed/memory tables with ratios measured side by side.
 	$(BIN)/python bench/glm_sampler.py
 	$(BIN)/python bench/mcover_step.py
 	$(BIN)/python bench/loes_selection.py
+	$(BIN)/python bench/tune_overhead.py
 
 sweep: $(STAMP)  ## (rank, sigma_init) diversity grid and LoMETab-vs-additive diversity curves.
 	$(BIN)/python -m experiments.diversity_sweep --recipe tabular/lometab_churn --adapter_inits plain rank_normalized --out docs/results/diversity_sweep

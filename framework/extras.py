@@ -26,6 +26,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "text": ("transformers", "tokenizers"),
     "vision": ("transformers", "timm", "torchvision"),
     "audio": ("transformers", "torchaudio", "soundfile"),
+    "tune": ("optuna", "optuna_integration"),
 }
 """The modules each extra provides (pyproject.toml lists their distributions and floors)."""
 

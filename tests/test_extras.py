@@ -140,7 +140,7 @@ def test_each_extra_in_pyproject_installs_the_modules_extras_py_names():
     import tomllib
 
     project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]
-    distribution = {"PIL": "pillow"}
+    distribution = {"PIL": "pillow", "optuna_integration": "optuna-integration"}
     for extra, modules in EXTRAS.items():
         listed = {re.split(r"[<>=\[ ]", r)[0].lower() for r in project["optional-dependencies"][extra]}
         assert {distribution.get(m, m).lower() for m in modules} <= listed, extra

@@ -8,6 +8,7 @@ from ripieno.framework.cli.command import RipienoCLI, print_recipes, quiet_cli_n
 from ripieno.framework.cli.error_lines import one_line_error
 from ripieno.framework.cli.recipes import RecipeNotFoundError
 from ripieno.framework.cli.select_members import select_members_main
+from ripieno.framework.extras import require
 from ripieno.framework.messages import command_output
 
 
@@ -16,7 +17,8 @@ def main(args: list[str] | None = None) -> None:
 
     Args:
         args: the command line without the program name (``None``: ``sys.argv[1:]``):
-            ``recipes``, ``select_members`` (``ripieno.framework.cli.select_members``), or a
+            ``recipes``, ``select_members`` (``ripieno.framework.cli.select_members``), ``tune``
+            (``ripieno.framework.tune.command``), or a
             LightningCLI subcommand and its arguments.
     """
     args = list(sys.argv[1:] if args is None else args)
@@ -28,6 +30,13 @@ def _run(args: list[str]) -> None:
     """``main`` with ripieno's messages shown on stdout."""
     if args[:1] == ["recipes"]:
         print_recipes()
+        return
+    if args[:1] == ["tune"]:
+        for module in ("optuna", "optuna_integration"):  # imported only by this command
+            require("tune", module, "ripieno tune")
+        from ripieno.framework.tune.command import tune_main
+
+        tune_main(args[1:])
         return
     if args[:1] == ["select_members"]:
         select_members_main(args[1:])

@@ -23,6 +23,8 @@ RECIPES_DIR = Path(__file__).resolve().parents[2] / "recipes"
 """Where the shipped recipes are: ``recipes/`` in a checkout, ``ripieno/recipes`` when installed."""
 
 SUFFIXES = (".yaml", ".yml")
+SPACES_FOLDER = "spaces"
+"""The folder of ``RECIPES_DIR`` that holds ``ripieno tune``'s search spaces, not recipes."""
 SENTENCE_END = re.compile(r"(?<=\w)\.\s+(?=[A-Z])")  # "et al. 2016" and "w_a . w_b" go on
 
 
@@ -45,7 +47,8 @@ def recipe_name(path: Path) -> str:
 
 def list_recipes() -> list[Recipe]:
     """Every shipped recipe, sorted by name."""
-    paths = sorted(p for suffix in SUFFIXES for p in RECIPES_DIR.rglob(f"*{suffix}"))
+    paths = sorted(p for suffix in SUFFIXES for p in RECIPES_DIR.rglob(f"*{suffix}")
+                   if p.relative_to(RECIPES_DIR).parts[0] != SPACES_FOLDER)
     return sorted((Recipe(recipe_name(p), p, _description(p)) for p in paths), key=lambda r: r.name)
 
 

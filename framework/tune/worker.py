@@ -1,0 +1,322 @@
+"""A ``ripieno tune`` worker: it runs the study's trials, one ``ripieno fit`` at a time, until enough ran.
+
+Every worker (``--workers N`` processes on this machine, or ``ripieno tune`` commands on several
+machines sharing the storage) runs the same loop: fail the trials whose worker died (they are
+retried), stop when ``n_trials`` trials count (``study_storage.counts``) and none is waiting,
+else run one more. While other workers still run the last trials it waits for them, so every
+command ends with the whole study done. A trial:
+
+* draws its values from the search space and runs the recipe with them as ``--key=value``
+  overrides, in ``<study_dir>/trials/trial_NNNN`` (a plain run folder: ``config.yaml``, metrics,
+  checkpoints);
+* is pruned by Optuna's Lightning callback (``optuna_integration.PyTorchLightningPruningCallback``,
+  which works with Lightning 2.6) when its monitored metric lags the others at the same epoch;
+* is pruned, not failed, when its loss or metric goes non-finite (``NonFiniteGuard``'s error);
+* returns the best epoch's monitored value (the recipe's ``ModelCheckpoint`` ``monitor`` / ``mode``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import optuna
+from lightning.pytorch.callbacks import Callback
+from optuna.trial import FrozenTrial, Trial, TrialState
+from optuna_integration import PyTorchLightningPruningCallback
+from typing_extensions import override
+
+from ripieno.framework.cli.command import quiet_cli_notices
+from ripieno.framework.cli.error_lines import one_line_error
+from ripieno.framework.errors import NonFiniteTrainingError, RipienoInputError, exception_chain, first_line
+from ripieno.framework.messages import get_logger, quiet_lightning
+from ripieno.framework.tune.space import SearchSpace
+from ripieno.framework.tune.study_storage import (
+    ERROR_ATTR,
+    SURPLUS_ATTR,
+    JournalHeartbeat,
+    counts,
+    open_storage,
+    reap_stale_trials,
+)
+from ripieno.framework.tune.trial_run import (
+    QUIET_TRIAL,
+    TRIAL_WARNINGS,
+    DataCache,
+    TrialCLI,
+    best_score,
+    finite,
+    override_args,
+)
+
+log = get_logger(__name__)
+
+SPACE_ATTR = "ripieno_study"
+"""Study user attribute: the monitor, direction and search space the study was made with."""
+VALUES_ATTR = "values"
+"""User attribute: the config values a trial ran with (``or_zero`` keys resolved to their value)."""
+FOLDER_ATTR = "folder"
+EPOCHS_ATTR = "epochs"
+PRUNED_ATTR = "pruned_reason"
+
+
+@dataclass
+class TuneSetup:
+    """What every worker of one study needs (picklable, so ``--workers`` processes get a copy).
+
+    Args:
+        fit_args: the ``ripieno fit`` arguments of the recipe (``-c`` files and the user's overrides).
+        space: the search space.
+        study_name: the study's name in the storage.
+        storage: the storage URL.
+        study_dir: the study folder (trial run folders go in ``trials/``).
+        n_trials: how many trials the study must finish.
+        monitor: the metric each trial returns (the recipe's ``ModelCheckpoint`` monitor).
+        direction: ``minimize`` or ``maximize`` (its ``mode``).
+        seed: the sampler's seed (``None``: random); worker ``i`` uses ``seed + i``.
+        startup_trials: random trials before TPE models the results (the TabM paper: 20).
+        pruner: ``median``, ``hyperband`` or ``none``.
+        timeout: seconds after which no new trial starts (``None``: no limit).
+        heartbeat: seconds between a running trial's signs of life.
+        poll: seconds between looks at a study whose last trials run elsewhere.
+    """
+
+    fit_args: list[str]
+    space: SearchSpace
+    study_name: str
+    storage: str
+    study_dir: Path
+    n_trials: int
+    monitor: str
+    direction: str
+    seed: int | None = None
+    startup_trials: int = 20
+    pruner: str = "median"
+    timeout: float | None = None
+    heartbeat: int = 30
+    poll: float = 2.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def make_sampler(setup: TuneSetup, worker: int) -> optuna.samplers.BaseSampler:
+    """TPE with ``startup_trials`` random trials first, seeded per worker."""
+    seed = None if setup.seed is None else setup.seed + worker
+    return optuna.samplers.TPESampler(n_startup_trials=setup.startup_trials, seed=seed)
+
+
+def make_pruner(name: str) -> optuna.pruners.BasePruner:
+    """The pruner ``--pruner`` names."""
+    if name == "median":
+        return optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=2)
+    if name == "hyperband":
+        return optuna.pruners.HyperbandPruner()
+    return optuna.pruners.NopPruner()
+
+
+def load_study(setup: TuneSetup, worker: int = 0, storage: Any = None) -> optuna.Study:  # noqa: ANN401
+    """The study, created on first use, with this worker's sampler and the pruner.
+
+    A new study records its search space and objective; an existing one must have the same, since
+    Optuna cannot mix two distributions of one key (and a value of another metric means nothing).
+
+    Raises:
+        RipienoInputError: the study exists with another space, metric or direction.
+    """
+    storage = storage if storage is not None else open_storage(setup.storage, setup.heartbeat)
+    study = optuna.create_study(
+        study_name=setup.study_name,
+        storage=storage,
+        direction=setup.direction,
+        sampler=make_sampler(setup, worker),
+        pruner=make_pruner(setup.pruner),
+        load_if_exists=True,
+    )
+    recorded = study.user_attrs.get(SPACE_ATTR)
+    mine = {"monitor": setup.monitor, "direction": setup.direction, "space": setup.space.describe()}
+    if recorded is None:
+        study.set_user_attr(SPACE_ATTR, mine)
+    elif recorded != mine:
+        changed = [k for k in ("monitor", "direction") if recorded.get(k) != mine[k]]
+        keys = sorted(set(recorded.get("space", {}).items()) ^ set(mine["space"].items()))
+        what = changed[0] if changed else f"search space (first difference: {keys[0][0]})"
+        raise RipienoInputError(
+            f"study {setup.study_name} in {setup.storage} was made with another {what};"
+            " run it with the same recipe and space, or pass a new --study_name."
+        )
+    return study
+
+
+MAX_FAILURES_IN_A_ROW = 3
+"""A worker stops after this many trials in a row failed by an error (not pruned): it is not the values."""
+
+
+class TrialsFailingError(RipienoInputError):
+    """Trials keep failing with an error of the recipe or the machine, whatever values they draw."""
+
+
+class _EpochCount(Callback):
+    """Remembers how many training epochs a trial ran (for ``trials.csv``), pruned or not."""
+
+    def __init__(self) -> None:
+        self.epochs = 0
+
+    @override
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.epochs = trainer.current_epoch + 1
+
+
+class _Surplus(Exception):  # noqa: N818 - not an error: the trial was one too many
+    """A trial started beyond ``n_trials`` by a concurrent worker; it stops before running anything."""
+
+
+def run_trial(setup: TuneSetup, trial: Trial, cache: DataCache | None) -> float:
+    """Run one trial (module docstring) and return its best monitored value.
+
+    Raises:
+        optuna.TrialPruned: pruned by the pruner, or its loss/metric went non-finite.
+        Exception: anything else that stopped the trial, recorded on it as ``ripieno_error`` (it counts).
+    """
+    ahead = [t for t in trial.study.get_trials(deepcopy=False) if t.number < trial.number and counts(t)]
+    if len(ahead) >= setup.n_trials:
+        trial.set_user_attr(SURPLUS_ATTR, True)
+        raise _Surplus
+    epochs = _EpochCount()
+    try:
+        return _train(setup, trial, cache, epochs)
+    except optuna.TrialPruned:
+        trial.set_user_attr(EPOCHS_ATTR, epochs.epochs)
+        trial.set_user_attr(PRUNED_ATTR, f"behind the other trials at epoch {epochs.epochs}")
+        raise
+    except Exception as error:
+        trial.set_user_attr(EPOCHS_ATTR, epochs.epochs)
+        non_finite = next((e for e in exception_chain(error) if isinstance(e, NonFiniteTrainingError)), None)
+        if non_finite is not None:
+            trial.set_user_attr(PRUNED_ATTR, first_line(non_finite))
+            raise optuna.TrialPruned(first_line(non_finite)) from None
+        trial.set_user_attr(
+            ERROR_ATTR, one_line_error(error) or f"{type(error).__name__}: {first_line(error)}"
+        )
+        raise
+
+
+def _train(setup: TuneSetup, trial: Trial, cache: DataCache | None, epochs: _EpochCount) -> float:
+    """Draw the trial's values, fit the recipe with them, and return the best monitored value."""
+    values = setup.space.suggest(trial)
+    folder = setup.study_dir / "trials" / f"trial_{trial.number:04d}"
+    trial.set_user_attr(VALUES_ATTR, values)
+    trial.set_user_attr(FOLDER_ATTR, str(folder))
+    args = [
+        "fit",
+        *setup.fit_args,
+        *override_args(values),
+        f"--trainer.default_root_dir={folder}",
+        *QUIET_TRIAL,
+    ]
+    pruning = PyTorchLightningPruningCallback(trial, monitor=setup.monitor)
+    with (
+        quiet_lightning(logging.ERROR, TRIAL_WARNINGS),
+        quiet_cli_notices(),
+        JournalHeartbeat(trial.study, trial._trial_id, setup.heartbeat),
+    ):
+        cli = TrialCLI(args=args, trainer_defaults={"callbacks": [pruning, epochs]}, data_cache=cache)
+    trial.set_user_attr(EPOCHS_ATTR, epochs.epochs)
+    score, checkpoint = best_score(cli.trainer, setup.monitor)
+    if checkpoint is not None and checkpoint.best_model_path:
+        trial.set_user_attr("checkpoint", checkpoint.best_model_path)
+    if not finite(score):
+        raise optuna.TrialPruned(f"no finite {setup.monitor} was logged")
+    return float(score)  # type: ignore[arg-type]
+
+
+def run_worker(
+    setup: TuneSetup, worker: int = 0, storage: Any = None, cache: DataCache | None = None  # noqa: ANN401
+) -> None:
+    """Run trials until ``n_trials`` trials count and none runs elsewhere (module docstring).
+
+    Args:
+        setup: the study's description.
+        worker: this worker's index (its sampler's seed is ``setup.seed + worker``).
+        storage: an open storage (``None``: open ``setup.storage``).
+        cache: the datamodules kept from earlier trials (``None``: a new, empty one).
+    """
+    study = load_study(setup, worker, storage)
+    cache = cache if cache is not None else DataCache()
+    started = time.monotonic()
+    announced_wait = False
+    failures, last_error = 0, None
+    progress = _Progress(setup)
+    while True:
+        if failures >= MAX_FAILURES_IN_A_ROW:
+            raise TrialsFailingError(
+                f"{failures} trials in a row failed, the last with: {last_error}; fix"
+                " that and run the same command again (the study continues)."
+            )
+        reap_stale_trials(study, setup.heartbeat)
+        trials = study.get_trials(deepcopy=False)
+        counted = [t for t in trials if counts(t)]
+        waiting = any(t.state == TrialState.WAITING for t in trials)
+        if len(counted) >= setup.n_trials and not waiting:
+            if not any(t.state == TrialState.RUNNING for t in trials):
+                return
+            if not announced_wait:
+                log.info(
+                    "ripieno: waiting for the trials other workers run (a dead one is retried after"
+                    f" {2 * setup.heartbeat} s without a heartbeat)"
+                )
+                announced_wait = True
+            time.sleep(setup.poll)
+            continue
+        if setup.timeout is not None and time.monotonic() - started > setup.timeout:
+            log.info(f"ripieno: --timeout {setup.timeout:g} s reached; no new trial starts")
+            return
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study.optimize(
+                lambda trial: run_trial(setup, trial, cache),
+                n_trials=1,
+                catch=(Exception,),
+                callbacks=[progress],
+                gc_after_trial=True,
+            )
+        last_error = progress.last.user_attrs.get(ERROR_ATTR) if progress.last is not None else None
+        failures = failures + 1 if last_error else 0
+
+
+class _Progress:
+    """The one line a worker prints per finished trial."""
+
+    def __init__(self, setup: TuneSetup) -> None:
+        self.setup = setup
+        self.last: FrozenTrial | None = None
+
+    def __call__(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        self.last = trial
+        if trial.user_attrs.get(SURPLUS_ATTR):
+            return
+        done = sum(1 for t in study.get_trials(deepcopy=False) if counts(t) and t.state.is_finished())
+        seconds = trial.duration.total_seconds() if trial.duration else math.nan
+        line = f"ripieno: trial {trial.number:>3} ({done}/{self.setup.n_trials}) {trial.state.name:<8}"
+        if trial.state == TrialState.COMPLETE:
+            line += f" {self.setup.monitor}={trial.value:.6g}"
+        elif trial.state == TrialState.PRUNED:
+            line += f" ({trial.user_attrs.get(PRUNED_ATTR, 'pruned')})"
+        elif trial.state == TrialState.FAIL:
+            line += f" ({trial.user_attrs.get(ERROR_ATTR, 'failed')})"
+        try:
+            best = study.best_trial
+            line += f"  best {best.value:.6g} (trial {best.number})"
+        except ValueError:
+            pass
+        values = trial.user_attrs.get(VALUES_ATTR, {})
+        shown = " ".join(f"{key.rsplit('.', 1)[-1]}={_short(value)}" for key, value in values.items())
+        log.info(f"{line}  {seconds:.1f} s  {shown}")
+
+
+def _short(value: Any) -> str:  # noqa: ANN401 - any sampled value
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
