@@ -36,11 +36,11 @@ from pathlib import Path
 import optuna
 
 from ripieno.framework.cli.main import main as ripieno
-from ripieno.framework.tune.command import quiet_optuna
-from ripieno.framework.tune.space import SearchSpace
-from ripieno.framework.tune.study_storage import open_storage
-from ripieno.framework.tune.trial_run import DataCache
-from ripieno.framework.tune.worker import TuneSetup, run_worker
+from ripieno.framework.cli.tune.command import quiet_optuna
+from ripieno.framework.cli.tune.space import SearchSpace
+from ripieno.framework.cli.tune.study_storage import open_storage
+from ripieno.framework.cli.tune.trial_run import DataCache
+from ripieno.framework.cli.tune.worker import TuneSetup, run_worker
 
 RECIPE = "tabular/lometab_churn"
 FIXED = {"model.init_args.rank": 4, "model.init_args.sigma_init": 3.0, "model.init_args.lr": 0.002}

@@ -21,7 +21,7 @@ LAYERS: tuple[frozenset[str], ...] = (
     frozenset({"metrics", "backbones", "uq"}),
     frozenset({"methods"}),
     frozenset({"loes", "mcover"}),
-    frozenset({"cli", "tune"}),  # the command and ``ripieno tune``, which runs the command's trials
+    frozenset({"cli"}),
 )
 FACADES = frozenset({"__init__", "_moved"})  # ripieno.framework re-exports public names from every room
 

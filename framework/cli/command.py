@@ -557,7 +557,7 @@ def print_recipes() -> None:
     for recipe in recipes:
         text = recipe.description
         print(f"  {recipe.name:<{width}}  {text if len(text) <= room else text[: room - 3] + '...'}")
-    from ripieno.framework.tune.space import list_spaces  # the tune room sits beside this one
+    from ripieno.framework.cli.tune.space import list_spaces  # tune imports this module: import late
 
     print("\nSearch spaces (`ripieno tune -c RECIPE` takes the one that suits it; `--space NAME` another):")
     for space in list_spaces():

@@ -18,7 +18,7 @@ def main(args: list[str] | None = None) -> None:
     Args:
         args: the command line without the program name (``None``: ``sys.argv[1:]``):
             ``recipes``, ``select_members`` (``ripieno.framework.cli.select_members``), ``tune``
-            (``ripieno.framework.tune.command``), or a
+            (``ripieno.framework.cli.tune.command``), or a
             LightningCLI subcommand and its arguments.
     """
     args = list(sys.argv[1:] if args is None else args)
@@ -34,7 +34,7 @@ def _run(args: list[str]) -> None:
     if args[:1] == ["tune"]:
         for module in ("optuna", "optuna_integration"):  # imported only by this command
             require("tune", module, "ripieno tune")
-        from ripieno.framework.tune.command import tune_main
+        from ripieno.framework.cli.tune.command import tune_main
 
         tune_main(args[1:])
         return

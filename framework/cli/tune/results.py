@@ -15,6 +15,7 @@ Every file is written atomically; a study's own files are replaced when the stud
 
 from __future__ import annotations
 
+import logging
 import math
 import statistics
 from pathlib import Path
@@ -25,11 +26,18 @@ import pandas as pd
 import yaml
 from optuna.trial import FrozenTrial, TrialState
 
-from ripieno.framework.messages import get_logger
+from ripieno.framework.cli.command import quiet_cli_notices
+from ripieno.framework.cli.tune.study_storage import ERROR_ATTR, RETRY_OF_ATTR, SURPLUS_ATTR
+from ripieno.framework.cli.tune.trial_run import (
+    QUIET_TRIAL,
+    TRIAL_WARNINGS,
+    TrialCLI,
+    override_args,
+    recipe_config,
+)
+from ripieno.framework.cli.tune.worker import EPOCHS_ATTR, FOLDER_ATTR, PRUNED_ATTR, VALUES_ATTR, TuneSetup
+from ripieno.framework.messages import get_logger, quiet_lightning
 from ripieno.framework.outputs.output_files import atomic_output
-from ripieno.framework.tune.study_storage import ERROR_ATTR, RETRY_OF_ATTR, SURPLUS_ATTR
-from ripieno.framework.tune.trial_run import QUIET_TRIAL, TrialCLI, override_args, recipe_config
-from ripieno.framework.tune.worker import EPOCHS_ATTR, FOLDER_ATTR, PRUNED_ATTR, VALUES_ATTR, TuneSetup
 
 log = get_logger(__name__)
 
@@ -157,11 +165,12 @@ def final_seeds(setup: TuneSetup, trial: FrozenTrial, seeds: int) -> pd.DataFram
             f"--trainer.default_root_dir={folder}",
             *QUIET_TRIAL,
         ]
-        cli = TrialCLI(args=args)
-        trainer = cli.trainer
-        results = trainer.test(
-            cli.model, datamodule=cli.datamodule, ckpt_path="best", verbose=False, weights_only=True
-        )
+        with quiet_lightning(logging.ERROR, TRIAL_WARNINGS), quiet_cli_notices():
+            cli = TrialCLI(args=args)
+            trainer = cli.trainer
+            results = trainer.test(
+                cli.model, datamodule=cli.datamodule, ckpt_path="best", verbose=False, weights_only=True
+            )
         row = {"seed": seed, "folder": str(trainer.log_dir), **(results[0] if results else {})}
         rows.append(row)
         log.info(

@@ -26,13 +26,13 @@ from typing import Any
 from ripieno.framework.cli.command import resolve_config_args
 from ripieno.framework.cli.config_errors import ConfigError
 from ripieno.framework.cli.recipes import RECIPES_DIR, RecipeNotFoundError, recipe_name
+from ripieno.framework.cli.tune import results
+from ripieno.framework.cli.tune.space import SearchSpace, SearchSpaceError, default_space, find_space
+from ripieno.framework.cli.tune.study_storage import counts, open_storage, storage_url
+from ripieno.framework.cli.tune.trial_run import override_args, recipe_config
+from ripieno.framework.cli.tune.worker import TuneSetup, load_study, run_worker
 from ripieno.framework.errors import RipienoInputError
 from ripieno.framework.messages import command_output, get_logger
-from ripieno.framework.tune import results
-from ripieno.framework.tune.space import SearchSpace, SearchSpaceError, default_space, find_space
-from ripieno.framework.tune.study_storage import counts, open_storage, storage_url
-from ripieno.framework.tune.trial_run import override_args, recipe_config
-from ripieno.framework.tune.worker import TuneSetup, load_study, run_worker
 
 log = get_logger(__name__)
 

@@ -34,10 +34,8 @@ from typing_extensions import override
 
 from ripieno.framework.cli.command import quiet_cli_notices
 from ripieno.framework.cli.error_lines import one_line_error
-from ripieno.framework.errors import NonFiniteTrainingError, RipienoInputError, exception_chain, first_line
-from ripieno.framework.messages import get_logger, quiet_lightning
-from ripieno.framework.tune.space import SearchSpace
-from ripieno.framework.tune.study_storage import (
+from ripieno.framework.cli.tune.space import SearchSpace
+from ripieno.framework.cli.tune.study_storage import (
     ERROR_ATTR,
     SURPLUS_ATTR,
     JournalHeartbeat,
@@ -45,7 +43,7 @@ from ripieno.framework.tune.study_storage import (
     open_storage,
     reap_stale_trials,
 )
-from ripieno.framework.tune.trial_run import (
+from ripieno.framework.cli.tune.trial_run import (
     QUIET_TRIAL,
     TRIAL_WARNINGS,
     DataCache,
@@ -54,6 +52,8 @@ from ripieno.framework.tune.trial_run import (
     finite,
     override_args,
 )
+from ripieno.framework.errors import NonFiniteTrainingError, RipienoInputError, exception_chain, first_line
+from ripieno.framework.messages import get_logger, quiet_lightning
 
 log = get_logger(__name__)
 
