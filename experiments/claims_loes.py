@@ -110,7 +110,7 @@ FULL = Budget(seeds=(0, 1, 2), ks=(1, 2, 3, 4), overrides={})
 ENCODERS_FULL = Budget(seeds=(0, 1, 2), ks=(1, 2, 3), overrides={}, datasets=ENCODER_DATASETS, georeg=False)
 #: the CI setting of the encoders: a few hundred images / clips, one seed, K=2, 2 epochs.
 ENCODERS_REDUCED = Budget(seeds=(0,), ks=(2,), datasets=ENCODER_DATASETS, georeg=False, overrides={
-    "mnist_5k": ("data.init_args.source.init_args.max_train_rows=200",
+    "mnist_5k": ("data.init_args.source.init_args.max_train_rows=120",
                  "data.init_args.source.init_args.test_size=0.05", "trainer.max_epochs=2"),
     "spoken_digits": ("data.init_args.source.init_args.max_train_rows=100", "trainer.max_epochs=2")})
 _SMALL_BBC = ("data.init_args.source.init_args.max_rows=300", "data.init_args.source.init_args.max_length=64",
