@@ -32,6 +32,7 @@ SOURCES: dict[str, str] = {
     "lometab": "experiments.claims_lometab",
     "uq": "experiments.claims_uq",
     "mcover": "experiments.claims_mcover",
+    "mcover_tuning": "experiments.claims_mcover_tuning",
     "loes": "experiments.claims_loes",
     "loes_encoders": "experiments.claims_loes_encoders",
 }

@@ -94,3 +94,36 @@ def test_claims_mcover_reduced_rows_are_well_formed(tmp_path):
         assert (tmp_path / name).is_file(), name
     assert "M-cover simulated annealing" in (tmp_path / "claims.md").read_text()
     assert not list(tmp_path.rglob("*.ckpt"))
+
+
+def test_ring_width_counts_as_interior_away_from_both_ends():
+    from experiments.claims_mcover_tuning import SIGMA_RANGE, interior
+
+    low, high = SIGMA_RANGE
+    assert interior((low * high) ** 0.5)  # the geometric middle of the range
+    assert not interior(low) and not interior(high)
+    assert not interior(low * (high / low) ** 0.09) and interior(low * (high / low) ** 0.11)
+
+
+@pytest.mark.slow
+def test_claims_mcover_tuning_reduced_tunes_and_compares_with_both_limits(tmp_path):
+    """``ripieno tune`` of the ring kernel, then the best (sigma, mu) against diagonal and uniform."""
+    import pandas as pd
+    import yaml
+
+    from experiments import claims_mcover_tuning
+
+    (row,) = claims_mcover_tuning.claim_rows(tmp_path, reduced=True)
+    study = tmp_path / "perceptron" / "study"
+    trials = pd.read_csv(study / "trials.csv")
+    assert len(trials) == 2 and (trials["state"] == "COMPLETE").all()
+    best = trials.loc[trials["val/error_collapsed"].idxmin()]
+    sigma = yaml.safe_load((study / "best.yaml").read_text())["model"]["init_args"]["sigma"]
+    assert sigma == pytest.approx(best["model.init_args.sigma"])
+    assert f"sigma={sigma:.3g}" in row.reference
+    final = pd.read_csv(tmp_path / "perceptron" / "final.csv")
+    variants = ["tuned ring", "diagonal (sigma -> 0)", "uniform (sigma -> inf)"]
+    assert sorted(final["variant"]) == sorted(variants)
+    assert final["test_error"].between(0, 1).all()
+    assert row.verdict == "inconclusive"  # reduced: one seed says nothing
+    assert not list((tmp_path / "perceptron" / "final").rglob("*.ckpt"))

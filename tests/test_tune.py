@@ -129,6 +129,16 @@ def test_every_shipped_space_suits_a_shipped_recipe_and_parses_with_it():
         find_space("tabular/lometabb")
 
 
+def test_pruner_warmup_reaches_the_median_pruner():
+    from ripieno.framework.cli.tune.command import build_parser
+    from ripieno.framework.cli.tune.worker import make_pruner
+
+    options = build_parser().parse_args(["-c", "tabular/lometab_wine", "--pruner_warmup", "7"])
+    pruner = make_pruner("median", options.pruner_warmup)
+    assert isinstance(pruner, optuna.pruners.MedianPruner) and pruner._n_warmup_steps == 7
+    assert build_parser().parse_args(["-c", "x"]).pruner_warmup == 2
+
+
 def test_recipes_lists_the_spaces_and_the_spaces_are_not_recipes(capsys):
     assert not any(r.name.startswith("spaces/") for r in list_recipes())
     main(["recipes"])

@@ -95,6 +95,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--pruner", choices=("median", "hyperband", "none"), default="median")
     parser.add_argument(
+        "--pruner_warmup",
+        type=int,
+        default=2,
+        help="epochs before the median pruner may stop a trial (default 2)",
+    )
+    parser.add_argument(
         "--startup_trials", type=int, default=20, help="random trials before TPE (the TabM paper's 20)"
     )
     parser.add_argument(
@@ -176,6 +182,7 @@ def prepare(options: argparse.Namespace, passed: list[str]) -> TuneSetup:
         seed=options.seed,
         startup_trials=options.startup_trials,
         pruner=options.pruner,
+        pruner_warmup=options.pruner_warmup,
         timeout=options.timeout,
         heartbeat=options.heartbeat,
     )

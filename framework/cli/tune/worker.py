@@ -21,7 +21,7 @@ import logging
 import math
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +82,7 @@ class TuneSetup:
         seed: the sampler's seed (``None``: random); worker ``i`` uses ``seed + i``.
         startup_trials: random trials before TPE models the results (the TabM paper: 20).
         pruner: ``median``, ``hyperband`` or ``none``.
+        pruner_warmup: epochs a trial runs before the median pruner may stop it.
         timeout: seconds after which no new trial starts (``None``: no limit).
         heartbeat: seconds between a running trial's signs of life.
         poll: seconds between looks at a study whose last trials run elsewhere.
@@ -101,7 +102,7 @@ class TuneSetup:
     timeout: float | None = None
     heartbeat: int = 30
     poll: float = 2.0
-    extra: dict[str, Any] = field(default_factory=dict)
+    pruner_warmup: int = 2
 
 
 def make_sampler(setup: TuneSetup, worker: int) -> optuna.samplers.BaseSampler:
@@ -110,10 +111,10 @@ def make_sampler(setup: TuneSetup, worker: int) -> optuna.samplers.BaseSampler:
     return optuna.samplers.TPESampler(n_startup_trials=setup.startup_trials, seed=seed)
 
 
-def make_pruner(name: str) -> optuna.pruners.BasePruner:
-    """The pruner ``--pruner`` names."""
+def make_pruner(name: str, warmup: int = 2) -> optuna.pruners.BasePruner:
+    """The pruner ``--pruner`` names; the median pruner waits ``warmup`` epochs in each trial."""
     if name == "median":
-        return optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=2)
+        return optuna.pruners.MedianPruner(n_startup_trials=5, n_warmup_steps=warmup)
     if name == "hyperband":
         return optuna.pruners.HyperbandPruner()
     return optuna.pruners.NopPruner()
@@ -134,7 +135,7 @@ def load_study(setup: TuneSetup, worker: int = 0, storage: Any = None) -> optuna
         storage=storage,
         direction=setup.direction,
         sampler=make_sampler(setup, worker),
-        pruner=make_pruner(setup.pruner),
+        pruner=make_pruner(setup.pruner, setup.pruner_warmup),
         load_if_exists=True,
     )
     recorded = study.user_attrs.get(SPACE_ATTR)
