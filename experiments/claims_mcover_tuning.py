@@ -64,6 +64,9 @@ class Target:
         startup_trials: TPE's random start-up trials.
         seeds: seeds of the final comparison.
         overrides: ``--key=value`` given to every trial and final run.
+        seed_overrides: ``--key=value`` templates with ``{seed}`` for each final run, beside
+            ``seed_everything`` (a recipe that fixes its own seeds: the perceptron's annealer and
+            teacher, so that each seed is a new problem instance, not the one the study tuned on).
     """
 
     recipe: str
@@ -73,14 +76,17 @@ class Target:
     startup_trials: int
     seeds: tuple[int, ...]
     overrides: tuple[str, ...] = ()
+    seed_overrides: tuple[str, ...] = ()
 
 
+PERCEPTRON_SEEDS = ("--model.init_args.seed={seed}", "--data.init_args.seed={seed}")
 PERCEPTRON = "perceptron"
 MLP = "mlp_mnist5k"
 FULL = {
     PERCEPTRON: Target("mcover/perceptron_mcover",
                        "binary teacher-student perceptron, N=500, alpha=1.5, M=5, M-cover SA",
-                       ("test/error_collapsed", False), n_trials=20, startup_trials=8, seeds=(0, 1, 2, 3, 4)),
+                       ("test/error_collapsed", False), n_trials=20, startup_trials=8, seeds=(0, 1, 2, 3, 4),
+                       seed_overrides=PERCEPTRON_SEEDS),
     MLP: Target("mcover/mlp_ring_mnist5k", "MLP 784-256-10 on MNIST-5k, M=5, exact routing, 10 epochs",
                 ("test/collapsed_accuracy", True), n_trials=10, startup_trials=5, seeds=(0, 1, 2),
                 overrides=("--trainer.max_epochs=10",)),
@@ -88,6 +94,7 @@ FULL = {
 REDUCED = {
     PERCEPTRON: Target("mcover/perceptron_mcover", "binary perceptron, N=100, alpha=1.5 (reduced)",
                        ("test/error_collapsed", False), n_trials=2, startup_trials=2, seeds=(0,),
+                       seed_overrides=PERCEPTRON_SEEDS,
                        overrides=("--trainer.max_epochs=5", "--data.init_args.n_inputs=100",
                                   "--data.init_args.n_val=200", "--data.init_args.n_test=200")),
 }
@@ -119,7 +126,8 @@ def run_study(target: Target, folder: Path) -> dict[str, float]:
 def fit_and_test(target: Target, overrides: list[str], seed: int, folder: Path) -> float:
     """Train the recipe with ``overrides`` and ``seed``; the test error at the best validation checkpoint."""
     args = ["--config", str(_recipe_path(target.recipe)), *target.overrides, *overrides,
-            f"--seed_everything={seed}", f"--trainer.default_root_dir={folder}", "--trainer.logger=false",
+            *(template.format(seed=seed) for template in target.seed_overrides), f"--seed_everything={seed}",
+            f"--trainer.default_root_dir={folder}", "--trainer.logger=false",
             "--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
     with quiet_lightning():
         cli = make_cli(args)
@@ -183,17 +191,23 @@ def target_row(name: str, target: Target, out: Path, reduced: bool, command: str
              " the log-range from either end.")
 
 
-def claim_rows(out: Path, *, reduced: bool) -> list[ClaimRow]:
+def claim_rows(out: Path, *, reduced: bool, only: tuple[str, ...] = ()) -> list[ClaimRow]:
     """Run the studies and comparisons, write their tables under ``out``, return one row per target.
+
+    A study that is already complete in ``out`` is not rerun (``ripieno tune`` continues it); the
+    final comparison is. ``only`` runs some targets and keeps the others' rows from ``out/claims.md``.
 
     Args:
         out: output folder (created).
         reduced: the CI setting (:data:`REDUCED`: the perceptron only, N=100, 2 trials, one seed).
+        only: target names to run (empty: all).
 
     Returns:
         One row per target.
     """
     targets = REDUCED if reduced else FULL
+    kept = _kept_rows(out, [n for n in targets if only and n not in only])
+    targets = {n: t for n, t in targets.items() if not only or n in only}
     out.mkdir(parents=True, exist_ok=True)
     command = "python -m experiments.claims_mcover_tuning" + (" --reduced" if reduced else "")
     command += f" --out {out}"
@@ -202,6 +216,7 @@ def claim_rows(out: Path, *, reduced: bool) -> list[ClaimRow]:
         begin = time.perf_counter()
         claims.append(target_row(name, target, out, reduced, command))
         seconds[name] = round(time.perf_counter() - begin, 1)
+    claims += kept
     frame = pd.DataFrame([dataclasses.asdict(c) for c in claims])
     lines = ["| " + " | ".join(frame.columns) + " |", "|" + "---|" * len(frame.columns)]
     lines += ["| " + " | ".join(str(v).replace("|", "/") for v in row) + " |"
@@ -211,6 +226,21 @@ def claim_rows(out: Path, *, reduced: bool) -> list[ClaimRow]:
                 "seconds": seconds, "wall_seconds": round(time.perf_counter() - start, 1), "command": command}
     (out / "settings.json").write_text(json.dumps(settings, indent=2) + "\n")
     return claims
+
+
+def _kept_rows(out: Path, names: list[str]) -> list[ClaimRow]:
+    """The rows of targets ``names`` from an earlier run's ``claims.md`` (by their data description)."""
+    path = out / "claims.md"
+    if not names or not path.is_file():
+        return []
+    fields = [f.name for f in dataclasses.fields(ClaimRow)]
+    wanted = {FULL[n].description for n in names if n in FULL}
+    rows = []
+    for line in path.read_text().splitlines()[2:]:
+        cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
+        if len(cells) == len(fields) and cells[fields.index("data")] in wanted:
+            rows.append(ClaimRow(**dict(zip(fields, cells, strict=True))))
+    return rows
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -223,8 +253,9 @@ def main(argv: list[str] | None = None) -> None:
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--reduced", action="store_true", help="the CI setting (under a minute)")
     parser.add_argument("--out", type=Path, default=results_dir("claims/mcover_tuning"))
+    parser.add_argument("--only", nargs="+", choices=sorted(FULL), default=(), help="run these targets only")
     args = parser.parse_args(argv)
-    for row in claim_rows(args.out, reduced=args.reduced):
+    for row in claim_rows(args.out, reduced=args.reduced, only=tuple(args.only)):
         print(f"claims_mcover_tuning: {row.verdict}: {row.data} | {row.reference} | {row.baseline}")
 
 
