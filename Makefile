@@ -11,7 +11,7 @@ CORE := .venv-core
 TORCH_FAMILY ?= torch==2.14.1 torchvision==0.29.1 torchaudio==2.11.1
 NO_DEPS_DATA = $$($(1)/bin/python -c 'import tomllib; print(" ".join(tomllib.load(open("pyproject.toml", "rb"))["tool"]["ripieno"]["no-deps-data"]))')
 
-.PHONY: run test test-core test-lowest lint bench sweep claims claims-reduced clean
+.PHONY: run test test-core test-lowest lint bench benchmark sweep claims claims-reduced clean
 
 $(STAMP): pyproject.toml
 	@# Fashion-MNIST ships in a Debian package (dataset-fashion-mnist); install it when root.
@@ -83,6 +83,10 @@ bench: $(STAMP)  ## Speed/memory tables with ratios measured side by side.
 sweep: $(STAMP)  ## (rank, sigma_init) diversity grid and LoMETab-vs-additive diversity curves.
 	$(BIN)/python -m experiments.diversity_sweep --recipe tabular/lometab_churn --adapter_inits plain rank_normalized --out docs/results/diversity_sweep
 	$(BIN)/python -m experiments.diversity_over_training --recipe tabular/lometab_churn --adapter_inits plain rank_normalized --compare additive:plain additive:relative --out docs/results/diversity_over_training
+
+benchmark: $(STAMP)  ## The tabular benchmark, CPU protocols (resumable; results under docs/results/benchmark).
+	$(BIN)/ripieno benchmark -c benchmarks/tabular_cpu --out docs/results/benchmark/tabular_cpu
+	$(BIN)/ripieno benchmark -c benchmarks/tabular_tuned_cpu --out docs/results/benchmark/tabular_tuned_cpu
 
 claims: $(STAMP)  ## The side-by-side reproduction report, docs/results/claims/claims.md (full settings).
 	$(BIN)/python -m experiments.claims

@@ -36,6 +36,7 @@ from ripieno.framework.errors import file_problem, first_line
 from ripieno.framework.messages import get_logger
 from ripieno.framework.nn.embeddings import compute_bins
 from ripieno.framework.specs.base import FITTED_STATE_KEY
+from ripieno.framework.specs.table_splits import TableSplits
 from ripieno.framework.specs.tabular import LabelType, TabularSpec
 from ripieno.framework.specs.tabular_preprocessing import (
     TabularPreprocessingError,
@@ -83,8 +84,9 @@ class TabularDataModule(SplitDataModule):
 
     Sources: a shipped data set by name (``ripieno.datamodules.tabular_sources.SOURCES``:
     diamonds, mlc_churn, boston, concrete, caravan, default, breast_cancer, wine, iris,
-    digits, diabetes, hpc_data, penguins) or a user CSV/Parquet file with ``target`` and
-    ``categorical``.
+    digits, diabetes, hpc_data, penguins, and the 28 tables of the benchmark suite,
+    ``BENCHMARK_SUITE``, with the ones kept back, ``HELD_OUT``: docs/benchmark_suite.md) or a
+    user CSV/Parquet file with ``target`` and ``categorical``.
 
     Feature preprocessing (``TabularPreprocessor``: scikit-learn's ``SimpleImputer``,
     ``QuantileTransformer``/``StandardScaler`` and ``OrdinalEncoder``, fitted on the training
@@ -188,6 +190,7 @@ class TabularDataModule(SplitDataModule):
         self.save_hyperparameters()
         self._prediction_ids: tuple[str, list[Any]] | None = None
         self._official: np.ndarray | None = None
+        self._table_splits: TableSplits | None = None
 
     @property
     def spec(self) -> TabularSpec:
@@ -352,6 +355,31 @@ class TabularDataModule(SplitDataModule):
             rows_t = torch.as_tensor(rows)
             self._splits[name] = TabularTensorDataset(x_num_t[rows_t], x_cat_t[rows_t], y_tensor[rows_t])
         self._prediction_ids = (hp.id_column or "row", [row_ids[i] for i in test_idx])
+        features = frame[[*numeric, *categorical]]
+        self._table_splits = TableSplits(
+            task=task,
+            features={n: features.iloc[r].reset_index(drop=True) for n, r in
+                      (("train", train_idx), ("val", val_idx), ("test", test_idx))},
+            targets={"train": y[train_idx], "val": y[val_idx], "test": y[test_idx]},
+            categorical=list(categorical), class_names=list(class_names) if task != "regression" else [],
+            target_transform=target_transform, name=hp.dataset if hp.path is None else str(hp.path),
+        )
+
+    def table_splits(self) -> TableSplits:
+        """The prepared train/val/test rows before preprocessing, with encoded targets.
+
+        What a scikit-learn model takes (``ripieno benchmark`` fits gradient-boosted trees and
+        ripieno's estimators on them): the same rows as the tensors this datamodule serves, the
+        target after its transform (class codes for classification), missing values kept.
+
+        Raises:
+            TabularDataError: the datamodule serves a checkpoint's preprocessing (no training table).
+        """
+        self.spec  # noqa: B018 - prepares on first use
+        if self._table_splits is None:
+            raise TabularDataError("table_splits needs the training table; this datamodule serves"
+                                   " data.preprocessing_from's checkpoint instead.")
+        return self._table_splits
 
     def _prepare_predict_rows(self) -> None:
         path = self.hparams.predict_path

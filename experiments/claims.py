@@ -30,6 +30,7 @@ from experiments.runs import results_dir
 #: Report section -> module exposing ``claim_rows(out, *, reduced)``.
 SOURCES: dict[str, str] = {
     "lometab": "experiments.claims_lometab",
+    "benchmark": "experiments.claims_benchmark",
     "uq": "experiments.claims_uq",
     "mcover": "experiments.claims_mcover",
     "mcover_tuning": "experiments.claims_mcover_tuning",

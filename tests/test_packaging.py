@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from ripieno.framework.cli.recipes import list_recipes
+from ripieno.framework.cli.recipes import list_benchmarks, list_recipes
 from ripieno.framework.cli.tune.space import list_spaces
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -130,7 +130,8 @@ def test_the_wheel_installs_one_top_level_package_with_the_recipes(installed):
     shipped = {r.name for r in list_recipes()}
     in_wheel = {n.removeprefix("ripieno/recipes/").removesuffix(".yaml") for n in names
                 if n.startswith("ripieno/recipes/") and n.endswith(".yaml")}
-    assert in_wheel == shipped | {f"spaces/{s.name}" for s in list_spaces()}  # ripieno tune's search spaces
+    benchmarks = {name for name, _ in list_benchmarks()}  # ripieno benchmark's files
+    assert in_wheel == shipped | {f"spaces/{s.name}" for s in list_spaces()} | benchmarks  # and tune's spaces
     modules = {n for n in names if n.endswith(".py")}
     for folder in ("framework", "callbacks", "datamodules"):
         for path in (ROOT / folder).rglob("*.py"):

@@ -563,6 +563,11 @@ def print_recipes() -> None:
     for space in list_spaces():
         text = f"{space.description} (recipes: {', '.join(space.recipes)})"
         print(f"  {space.name:<{width}}  {text if len(text) <= room else text[: room - 3] + '...'}")
+    from ripieno.framework.cli.recipes import list_benchmarks
+
+    print("\nBenchmarks (`ripieno benchmark -c NAME`):")
+    for name, text in list_benchmarks():
+        print(f"  {name:<{width}}  {text if len(text) <= room else text[: room - 3] + '...'}")
 
 
 @contextmanager

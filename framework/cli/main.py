@@ -18,7 +18,8 @@ def main(args: list[str] | None = None) -> None:
     Args:
         args: the command line without the program name (``None``: ``sys.argv[1:]``):
             ``recipes``, ``select_members`` (``ripieno.framework.cli.select_members``), ``tune``
-            (``ripieno.framework.cli.tune.command``), or a
+            (``ripieno.framework.cli.tune.command``), ``benchmark``
+            (``ripieno.framework.cli.benchmark.command``), or a
             LightningCLI subcommand and its arguments.
     """
     args = list(sys.argv[1:] if args is None else args)
@@ -37,6 +38,12 @@ def _run(args: list[str]) -> None:
         from ripieno.framework.cli.tune.command import tune_main
 
         tune_main(args[1:])
+        return
+    if args[:1] == ["benchmark"]:
+        require("benchmark", "optuna", "ripieno benchmark")  # imported only by this command
+        from ripieno.framework.cli.benchmark.command import benchmark_main
+
+        benchmark_main(args[1:])
         return
     if args[:1] == ["select_members"]:
         select_members_main(args[1:])

@@ -25,6 +25,8 @@ RECIPES_DIR = Path(__file__).resolve().parents[2] / "recipes"
 SUFFIXES = (".yaml", ".yml")
 SPACES_FOLDER = "spaces"
 """The folder of ``RECIPES_DIR`` that holds ``ripieno tune``'s search spaces, not recipes."""
+BENCHMARKS_FOLDER = "benchmarks"
+"""The folder of ``RECIPES_DIR`` that holds ``ripieno benchmark``'s files, not recipes."""
 SENTENCE_END = re.compile(r"(?<=\w)\.\s+(?=[A-Z])")  # "et al. 2016" and "w_a . w_b" go on
 
 
@@ -48,8 +50,15 @@ def recipe_name(path: Path) -> str:
 def list_recipes() -> list[Recipe]:
     """Every shipped recipe, sorted by name."""
     paths = sorted(p for suffix in SUFFIXES for p in RECIPES_DIR.rglob(f"*{suffix}")
-                   if p.relative_to(RECIPES_DIR).parts[0] != SPACES_FOLDER)
+                   if p.relative_to(RECIPES_DIR).parts[0] not in (SPACES_FOLDER, BENCHMARKS_FOLDER))
     return sorted((Recipe(recipe_name(p), p, _description(p)) for p in paths), key=lambda r: r.name)
+
+
+def list_benchmarks() -> list[tuple[str, str]]:
+    """Every shipped benchmark file: ``(benchmarks/<name>, first comment line)``."""
+    folder = RECIPES_DIR / BENCHMARKS_FOLDER
+    paths = sorted(folder.glob("*.yaml")) if folder.is_dir() else []
+    return [(f"{BENCHMARKS_FOLDER}/{p.stem}", _description(p)) for p in paths]
 
 
 def find_recipe(name: str | Path) -> Path:

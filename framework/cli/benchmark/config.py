@@ -1,0 +1,284 @@
+"""A benchmark file: which tables, which models, which protocol (``ripieno benchmark -c FILE``).
+
+Shipped files live in ``recipes/benchmarks/`` (``benchmarks/tabular_cpu``); a user's file is any
+YAML path. Keys::
+
+    name: tabular_cpu                  # the study and output folder name
+    protocol: default                  # default | tuned
+    seeds: [0, 1, 2]                   # model seeds (the split is fixed by data.split_seed)
+    data:                              # TabularDataModule arguments shared by every table
+      max_rows: 5000
+      split_seed: 0
+    datasets:                          # shipped names (docs/benchmark_suite.md) or a user's table
+      - keel_letter
+      - {name: my_table, path: data/my.csv, target: y, categorical: [city]}
+    models:
+      lometab: {kind: ensemble, params: {adapter: lometab, k: 8}, space: {rank: {...}}}
+      xgboost: {kind: xgboost}
+    tuning: {n_trials: 20, startup_trials: 10}   # the tuned protocol's study per table and model
+    common: {ensemble: {max_epochs: 30}}         # params every model of a kind gets (its own win)
+    base: benchmarks/tabular_cpu                 # start from another file; keys here replace its keys
+
+Every problem (an unknown key, model kind, data set or protocol, an empty list) is one line
+naming it and the closest valid word, before any model trains.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ripieno.framework.cli.benchmark.models import KINDS, ModelSpec, check_params
+from ripieno.framework.cli.recipes import BENCHMARKS_FOLDER, RECIPES_DIR
+from ripieno.framework.cli.recipes import list_benchmarks as _shipped
+from ripieno.framework.cli.tune.space import SearchSpace
+from ripieno.framework.errors import RipienoInputError
+
+BENCHMARKS_DIR = RECIPES_DIR / BENCHMARKS_FOLDER
+"""Shipped benchmark files (``recipes/benchmarks``; in a wheel, ``ripieno/recipes/benchmarks``)."""
+PROTOCOLS: tuple[str, ...] = ("default", "tuned")
+KEYS: tuple[str, ...] = (
+    "name",
+    "description",
+    "protocol",
+    "seeds",
+    "data",
+    "datasets",
+    "models",
+    "tuning",
+    "common",
+    "data_class",
+    "base",
+)
+DATA_CLASS = "ripieno.datamodules.TabularDataModule"
+
+
+class BenchmarkConfigError(RipienoInputError):
+    """A benchmark file that cannot run; the message is one line naming the problem and the fix."""
+
+
+@dataclass(frozen=True)
+class DatasetEntry:
+    """One table of a benchmark: a name and the datamodule arguments that load it."""
+
+    name: str
+    args: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TuningSettings:
+    """The tuned protocol's study per table and model.
+
+    Attributes:
+        n_trials: trials per study.
+        startup_trials: TPE's random start-up trials.
+        seed: the sampler's seed.
+        fit_seed: the model seed every trial fits with (the final runs use ``seeds``).
+    """
+
+    n_trials: int = 20
+    startup_trials: int = 10
+    seed: int = 0
+    fit_seed: int = 0
+
+
+@dataclass(frozen=True)
+class BenchmarkConfig:
+    """A parsed benchmark file (module docstring)."""
+
+    name: str
+    protocol: str
+    seeds: tuple[int, ...]
+    datasets: tuple[DatasetEntry, ...]
+    models: tuple[ModelSpec, ...]
+    data: dict[str, Any] = field(default_factory=dict)
+    tuning: TuningSettings = field(default_factory=TuningSettings)
+    data_class: str = DATA_CLASS
+    description: str = ""
+    source: str = ""
+
+    def dataset(self, name: str) -> DatasetEntry:
+        """The entry called ``name``."""
+        return next(d for d in self.datasets if d.name == name)
+
+    def model(self, name: str) -> ModelSpec:
+        """The model called ``name``."""
+        return next(m for m in self.models if m.name == name)
+
+
+def _closest(word: str, options: list[str] | tuple[str, ...]) -> str:
+    match = difflib.get_close_matches(str(word), [str(o) for o in options], n=1)
+    return f" (did you mean {match[0]!r}?)" if match else f"; choose from {sorted(options)}"
+
+
+def list_benchmarks() -> list[str]:
+    """Names of the shipped benchmark files (``benchmarks/<name>``)."""
+    return [name for name, _ in _shipped()]
+
+
+def find_benchmark(name: str | Path) -> Path:
+    """The file of a shipped benchmark name (``benchmarks/tabular_cpu``) or a path.
+
+    Raises:
+        BenchmarkConfigError: neither a file nor a shipped name.
+    """
+    path = Path(name)
+    if path.is_file():
+        return path
+    stem = str(name).removeprefix("benchmarks/").removesuffix(".yaml")
+    shipped = BENCHMARKS_DIR / f"{stem}.yaml"
+    if shipped.is_file():
+        return shipped
+    raise BenchmarkConfigError(
+        f"benchmark {str(name)!r} is neither a file nor a shipped benchmark"
+        f"{_closest(f'benchmarks/{stem}', list_benchmarks())}."
+    )
+
+
+def load_benchmark(
+    name: str | Path, known: tuple[str, ...] = ()
+) -> BenchmarkConfig:
+    """Read and check a benchmark file.
+
+    Args:
+        name: a shipped benchmark's name or a YAML path.
+        known: the shipped data set names (an unknown one is an error naming the closest).
+
+    Returns:
+        The parsed benchmark.
+
+    Raises:
+        BenchmarkConfigError: anything that would stop the benchmark (module docstring).
+    """
+    path = find_benchmark(name)
+    where = f"benchmark {path}"
+    raw = _read(path, where, seen=())
+    protocol = str(raw.get("protocol", "default"))
+    if protocol not in PROTOCOLS:
+        raise BenchmarkConfigError(
+            f"{where}: protocol {protocol!r} is not one of {list(PROTOCOLS)}{_closest(protocol, PROTOCOLS)}."
+        )
+    seeds = raw.get("seeds", [0])
+    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) for s in seeds):
+        raise BenchmarkConfigError(f"{where}: seeds must be a non-empty list of integers, got {seeds!r}.")
+    common = raw.get("common") or {}
+    models = tuple(_model(n, spec, common, where) for n, spec in _mapping(raw, "models", where).items())
+    if protocol == "tuned" and not any(m.space for m in models):
+        raise BenchmarkConfigError(f"{where}: protocol tuned needs a 'space' on at least one model.")
+    datasets = _datasets(raw.get("datasets"), known, where)
+    data = raw.get("data") or {}
+    if not isinstance(data, dict):
+        raise BenchmarkConfigError(f"{where}: data must be a mapping of TabularDataModule arguments.")
+    tuning = raw.get("tuning") or {}
+    try:
+        settings = TuningSettings(**tuning)
+    except TypeError:
+        fields = list(TuningSettings.__dataclass_fields__)
+        bad = next(k for k in tuning if k not in fields)
+        raise BenchmarkConfigError(
+            f"{where}: tuning has no setting {bad!r}{_closest(bad, fields)}."
+        ) from None
+    return BenchmarkConfig(
+        name=str(raw.get("name") or path.stem),
+        protocol=protocol,
+        seeds=tuple(seeds),
+        datasets=datasets,
+        models=models,
+        data=dict(data),
+        tuning=settings,
+        data_class=str(raw.get("data_class", DATA_CLASS)),
+        description=str(raw.get("description", "")),
+        source=str(path),
+    )
+
+
+def _read(path: Path, where: str, seen: tuple[Path, ...]) -> dict[str, Any]:
+    """The file's mapping, over its ``base`` file's mapping (top-level keys replaced)."""
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as error:
+        line = getattr(getattr(error, "problem_mark", None), "line", None)
+        at = f" (line {line + 1})" if line is not None else ""
+        raise BenchmarkConfigError(f"{where}: not valid YAML{at}: {str(error).splitlines()[0]}.") from None
+    if not isinstance(raw, dict):
+        raise BenchmarkConfigError(f"{where}: must be a YAML mapping with keys {list(KEYS)}.")
+    unknown = [k for k in raw if k not in KEYS]
+    if unknown:
+        raise BenchmarkConfigError(f"{where}: unknown key {unknown[0]!r}{_closest(unknown[0], KEYS)}.")
+    if "base" not in raw:
+        return raw
+    base = find_benchmark(str(raw["base"]))
+    if base.resolve() in seen or base.resolve() == path.resolve():
+        raise BenchmarkConfigError(f"{where}: base {raw['base']!r} leads back to itself; remove the loop.")
+    merged = _read(base, f"benchmark {base}", (*seen, path.resolve()))
+    merged.pop("name", None)  # a file's name is its own
+    return {**merged, **{k: v for k, v in raw.items() if k != "base"}}
+
+
+def _mapping(raw: dict[str, Any], key: str, where: str) -> dict[str, Any]:
+    value = raw.get(key)
+    if not isinstance(value, dict) or not value:
+        raise BenchmarkConfigError(f"{where}: {key} must be a non-empty mapping of name -> settings.")
+    return value
+
+
+def _model(name: str, spec: Any, common: dict[str, Any], where: str) -> ModelSpec:  # noqa: ANN401
+    spec = spec or {}
+    if not isinstance(spec, dict):
+        raise BenchmarkConfigError(f"{where}: model {name!r} must be a mapping with 'kind'.")
+    bad = [k for k in spec if k not in ("kind", "params", "space")]
+    if bad:
+        raise BenchmarkConfigError(
+            f"{where}: model {name!r} has no key {bad[0]!r}{_closest(bad[0], ['kind', 'params', 'space'])}."
+        )
+    kind = str(spec.get("kind", name))
+    if kind not in KINDS:
+        raise BenchmarkConfigError(f"{where}: model {name!r} has kind {kind!r}{_closest(kind, KINDS)}.")
+    params = {**(common.get(kind) or {}), **(spec.get("params") or {})}
+    space = dict(spec.get("space") or {})
+    if space:
+        SearchSpace.from_dict({"params": space}, source=f"{where}: model {name!r} space")
+    check_params(kind, [*params, *space], f"{where}: model {name!r}")
+    return ModelSpec(name=str(name), kind=kind, params=params, space=space)
+
+
+def _datasets(
+    value: Any, known: tuple[str, ...], where: str
+) -> tuple[DatasetEntry, ...]:  # noqa: ANN401
+    if not isinstance(value, list) or not value:
+        raise BenchmarkConfigError(
+            f"{where}: datasets must be a non-empty list (shipped names or"
+            " {name, path, target} mappings)."
+        )
+    entries: list[DatasetEntry] = []
+    for item in value:
+        if isinstance(item, str):
+            if known and item not in known:
+                raise BenchmarkConfigError(
+                    f"{where}: unknown data set {item!r}{_closest(item, known)}; or give"
+                    " {name, path, target} for your own table."
+                )
+            entries.append(DatasetEntry(item, {"dataset": item}))
+        elif isinstance(item, dict) and "name" in item:
+            args = {k: v for k, v in item.items() if k != "name"}
+            if "path" in args:
+                path = Path(str(args["path"])).expanduser()
+                if not path.is_file():
+                    raise BenchmarkConfigError(
+                        f"{where}: data set {item['name']!r}: no file {str(path)!r}; fix the path."
+                    )
+                args = {"dataset": None, **args}
+            entries.append(DatasetEntry(str(item["name"]), args))
+        else:
+            raise BenchmarkConfigError(
+                f"{where}: a datasets entry must be a name or a mapping with 'name', got {item!r}."
+            )
+    names = [e.name for e in entries]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise BenchmarkConfigError(f"{where}: data set {repeated[0]!r} is listed twice; list it once.")
+    return tuple(entries)

@@ -1,0 +1,281 @@
+"""The models of ``ripieno benchmark``, on equal terms: the same rows, the same metric.
+
+Every model is a scikit-learn estimator fitted on a ``TableSplits``'s training rows, early-stopped
+on its validation rows and scored on its test rows by :func:`scores`:
+
+* ripieno's tabular ensembles (``kind: ensemble``): ``EnsembleClassifier`` / ``EnsembleRegressor``
+  with an ``adapter`` (``lometab``, ``rank1`` = TabM, ``mini`` = TabM-mini, ``additive``, ``shared``
+  with ``k: 1`` = an MLP), piecewise-linear embeddings, their own preprocessing
+  (``TabularPreprocessor``: quantile transform, ordinal categories, imputed missing values);
+* gradient-boosted trees through their scikit-learn interfaces (``kind: xgboost``, ``lightgbm``,
+  ``catboost``), with their native categorical and missing-value handling and early stopping on
+  the same validation rows; every other setting is the library's default unless ``params`` says
+  otherwise (``n_estimators`` is raised to a cap so that early stopping, not the default count,
+  ends training: the usual way to run them with a validation split).
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from sklearn.metrics import accuracy_score, log_loss, root_mean_squared_error
+
+from ripieno.framework.errors import RipienoInputError
+from ripieno.framework.extras import require
+from ripieno.framework.specs.table_splits import TableSplits
+
+KINDS: tuple[str, ...] = ("ensemble", "xgboost", "lightgbm", "catboost")
+GBDT_KINDS: tuple[str, ...] = ("xgboost", "lightgbm", "catboost")
+EARLY_STOPPING_ROUNDS = 50
+GBDT_ESTIMATORS_CAP = 4000
+"""Trees at most, for xgboost and lightgbm (their default of 100 is a count, not a cap; early stopping
+on the validation rows ends training). CatBoost keeps its default of 1,000 iterations."""
+MISSING_CATEGORY = "<missing>"
+"""CatBoost's category for a missing value (it takes no NaN in a categorical column)."""
+PRIMARY: dict[str, tuple[str, str]] = {
+    "regression": ("rmse", "min"),
+    "binary": ("accuracy", "max"),
+    "multiclass": ("accuracy", "max"),
+}
+"""The metric that ranks models per task, and its direction (the TabM paper's choice)."""
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """One model of a benchmark.
+
+    Attributes:
+        name: its name in the benchmark (``lometab``, ``xgboost``, ...).
+        kind: ``ensemble``, ``xgboost``, ``lightgbm`` or ``catboost``.
+        params: constructor arguments (for ``ensemble``: ``EnsembleClassifier``'s).
+        space: the tuned protocol's search space: {argument: distribution}, as ``ripieno tune``'s
+            spaces (``categorical``, ``float``, ``int``, ``log``, ``step``, ``or_zero``).
+    """
+
+    name: str
+    kind: str
+    params: dict[str, Any] = field(default_factory=dict)
+    space: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class FitResult:
+    """What one fit of one model on one table gives.
+
+    Attributes:
+        test: test-split scores (:func:`scores`).
+        val: validation-split scores.
+        seconds: wall seconds of ``fit``.
+        n_parameters: trainable parameters (ensembles) or tree nodes (GBDTs).
+        iterations: epochs (ensembles) or trees kept by early stopping (GBDTs).
+    """
+
+    test: dict[str, float]
+    val: dict[str, float]
+    seconds: float
+    n_parameters: int
+    iterations: int
+
+
+def check_params(kind: str, names: list[str], where: str) -> None:
+    """Stop with one line if a ``params`` or ``space`` key is not an argument of the model's estimator.
+
+    Raises:
+        RipienoInputError: the first unknown name, with the closest valid one.
+    """
+    if kind == "catboost":  # CatBoost's constructor names every argument; it is the check
+        catboost = require("benchmark", "catboost", "CatBoost")
+        valid = list(inspect.signature(catboost.CatBoostClassifier.__init__).parameters)[1:]
+    elif kind == "ensemble":
+        from ripieno.framework.methods.estimators import EnsembleClassifier
+
+        valid = list(EnsembleClassifier().get_params())
+    elif kind == "xgboost":
+        valid = list(require("benchmark", "xgboost", "XGBoost").XGBClassifier().get_params())
+    else:
+        valid = list(require("benchmark", "lightgbm", "LightGBM").LGBMClassifier().get_params())
+    for name in names:
+        if name not in valid:
+            match = difflib.get_close_matches(name, valid, n=1)
+            hint = f" (did you mean {match[0]!r}?)" if match else ""
+            raise RipienoInputError(f"{where}: {name!r} is not an argument of its {kind} model{hint}.")
+
+
+def scores(
+    task: str, y: np.ndarray, prediction: np.ndarray, n_classes: int | None = None
+) -> dict[str, float]:
+    """Accuracy and NLL (classification, from probabilities) or RMSE (regression).
+
+    Args:
+        task: ``regression``, ``binary`` or ``multiclass``.
+        y: true class codes or targets.
+        prediction: probabilities ``(n, C)`` or predicted targets ``(n,)``.
+        n_classes: the number of classes (the probabilities' columns).
+
+    Returns:
+        {metric: value}.
+
+    Example:
+        >>> scores("regression", np.array([0.0, 2.0]), np.array([1.0, 1.0]))
+        {'rmse': 1.0}
+        >>> s = scores("binary", np.array([0, 1]), np.array([[0.8, 0.2], [0.4, 0.6]]), 2)
+        >>> s["accuracy"], round(s["nll"], 4)
+        (1.0, 0.3670)
+    """
+    if task == "regression":
+        return {"rmse": float(root_mean_squared_error(y, prediction))}
+    labels = list(range(n_classes if n_classes is not None else prediction.shape[1]))
+    proba = np.clip(np.asarray(prediction, dtype=np.float64), 1e-12, 1.0)
+    proba = proba / proba.sum(1, keepdims=True)
+    return {
+        "accuracy": float(accuracy_score(y, proba.argmax(1))),
+        "nll": float(log_loss(y, proba, labels=labels)),
+    }
+
+
+def fit_and_score(
+    spec: ModelSpec, data: TableSplits, seed: int, params: dict[str, Any] | None = None
+) -> FitResult:
+    """Fit ``spec`` (with ``params`` over its own) on ``data``'s training rows and score it.
+
+    Args:
+        spec: the model.
+        data: the table's splits.
+        seed: the model's random seed (the split is the data's own).
+        params: values that replace ``spec.params`` (the tuned protocol's draws).
+
+    Returns:
+        The fit's scores, time and size.
+    """
+    merged = {**spec.params, **(params or {})}
+    fit = {
+        "ensemble": _fit_ensemble,
+        "xgboost": _fit_xgboost,
+        "lightgbm": _fit_lightgbm,
+        "catboost": _fit_catboost,
+    }[spec.kind]
+    start = time.perf_counter()
+    model, n_parameters, iterations, prepare = fit(data, merged, seed)
+    seconds = time.perf_counter() - start
+    results = {}
+    for split in ("val", "test"):
+        x = prepare(data.features[split])
+        prediction = model.predict(x) if data.task == "regression" else model.predict_proba(x)
+        results[split] = scores(data.task, data.targets[split], np.asarray(prediction), data.n_classes)
+    return FitResult(
+        test=results["test"],
+        val=results["val"],
+        seconds=seconds,
+        n_parameters=n_parameters,
+        iterations=iterations,
+    )
+
+
+# ------------------------------------------------------------------ ensembles
+def _fit_ensemble(data: TableSplits, params: dict[str, Any], seed: int) -> tuple[Any, int, int, Any]:
+    from ripieno.framework.methods.estimators import EnsembleClassifier, EnsembleRegressor
+
+    cls = EnsembleRegressor if data.task == "regression" else EnsembleClassifier
+    model = cls(**{"missing": "impute", **params, "categorical": data.categorical, "random_state": seed})
+    model.fit(data.features["train"], data.targets["train"], data.features["val"], data.targets["val"])
+    n_parameters = sum(p.numel() for p in model.model_.parameters() if p.requires_grad)
+    return model, n_parameters, int(getattr(model, "n_epochs_", 0)), lambda frame: frame
+
+
+# ----------------------------------------------------------------------- trees
+def _categories(data: TableSplits) -> dict[str, pd.CategoricalDtype]:
+    """Each categorical column's categories, from the training rows (others become missing)."""
+    train = data.features["train"]
+    return {c: pd.CategoricalDtype(sorted(train[c].dropna().astype(str).unique())) for c in data.categorical}
+
+
+def _as_category(data: TableSplits) -> Any:  # noqa: ANN401 - a frame transform
+    dtypes = _categories(data)
+
+    def prepare(frame: pd.DataFrame) -> pd.DataFrame:
+        frame = frame.copy()
+        for column, dtype in dtypes.items():
+            frame[column] = frame[column].where(frame[column].isna(), frame[column].astype(str)).astype(dtype)
+        return frame
+
+    return prepare
+
+
+def _fit_xgboost(data: TableSplits, params: dict[str, Any], seed: int) -> tuple[Any, int, int, Any]:
+    xgboost = require("benchmark", "xgboost", "XGBoost")
+    prepare = _as_category(data)
+    cls = xgboost.XGBRegressor if data.task == "regression" else xgboost.XGBClassifier
+    model = cls(
+        **{
+            "n_estimators": GBDT_ESTIMATORS_CAP,
+            "enable_categorical": True,
+            "early_stopping_rounds": EARLY_STOPPING_ROUNDS,
+            **params,
+            "random_state": seed,
+        }
+    )
+    model.fit(
+        prepare(data.features["train"]),
+        data.targets["train"],
+        eval_set=[(prepare(data.features["val"]), data.targets["val"])],
+        verbose=False,
+    )
+    frame = model.get_booster().trees_to_dataframe()
+    return model, len(frame), int(model.best_iteration) + 1, prepare
+
+
+def _fit_lightgbm(data: TableSplits, params: dict[str, Any], seed: int) -> tuple[Any, int, int, Any]:
+    lightgbm = require("benchmark", "lightgbm", "LightGBM")
+    prepare = _as_category(data)
+    cls = lightgbm.LGBMRegressor if data.task == "regression" else lightgbm.LGBMClassifier
+    model = cls(**{"n_estimators": GBDT_ESTIMATORS_CAP, "verbosity": -1, **params, "random_state": seed})
+    model.fit(
+        prepare(data.features["train"]),
+        data.targets["train"],
+        eval_X=prepare(data.features["val"]),
+        eval_y=data.targets["val"],
+        callbacks=[lightgbm.early_stopping(EARLY_STOPPING_ROUNDS, verbose=False)],
+    )
+    dump = model.booster_.dump_model()
+    nodes = sum(2 * tree["num_leaves"] - 1 for tree in dump["tree_info"])
+    return model, nodes, int(model.best_iteration_ or model.n_estimators), prepare
+
+
+def _fit_catboost(data: TableSplits, params: dict[str, Any], seed: int) -> tuple[Any, int, int, Any]:
+    catboost = require("benchmark", "catboost", "CatBoost")
+    columns = list(data.categorical)
+
+    def prepare(frame: pd.DataFrame) -> pd.DataFrame:  # CatBoost takes categories as strings, no NaN
+        frame = frame.copy()
+        for column in columns:
+            values = frame[column].astype(object)
+            frame[column] = values.where(values.notna(), MISSING_CATEGORY).astype(str)
+        return frame
+
+    cls = catboost.CatBoostRegressor if data.task == "regression" else catboost.CatBoostClassifier
+    model = cls(
+        **{
+            "early_stopping_rounds": EARLY_STOPPING_ROUNDS,
+            "verbose": False,
+            "allow_writing_files": False,
+            "thread_count": -1,
+            **params,
+            "random_seed": seed,
+        }
+    )
+    model.fit(
+        prepare(data.features["train"]),
+        data.targets["train"],
+        cat_features=columns,
+        eval_set=(prepare(data.features["val"]), data.targets["val"]),
+        use_best_model=True,
+    )
+    trees = model.tree_count_
+    depth = int(model.get_all_params().get("depth", 6))
+    return model, trees * (2 ** (depth + 1) - 1), int(trees), prepare

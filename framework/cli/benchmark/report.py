@@ -1,0 +1,238 @@
+"""The benchmark's report: per-table results, mean ranks, wins, and published numbers beside ours.
+
+Read from ``results.csv`` (one row per finished cell). Per data set, every model's mean ± std over
+seeds of the primary metric (accuracy for classification, RMSE for regression; NLL beside), the
+best in bold only where it beats the second by more than the larger of their seed spreads. Overall:
+each model's mean rank ± std over the data sets (ranks of the seed means, ties averaged: the
+LoMETab and TabM papers' statistic), first places, top-3 rate, win / tie / loss of LoMETab against
+TabM and against the best GBDT of each data set (a win is better by more than the spread), mean
+training seconds and median parameter count; and a box plot of the ranks (``ranks.png``).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+from scipy.stats import rankdata
+
+from ripieno.framework.cli.benchmark.models import GBDT_KINDS, PRIMARY
+from ripieno.framework.outputs.output_files import atomic_output
+
+PUBLISHED: dict[str, dict[str, float]] = {
+    "keel_letter": {"MLP": 0.9745, "CatBoost": 0.9709, "XGBoost": 0.9643, "RealMLP": 0.9836},
+    "keel_satimage": {"LightGBM": 0.9162, "XGBoost": 0.9142, "CatBoost": 0.9135, "MLP": 0.8993},
+    "diamonds": {
+        "TabM + PLE": 0.1302,
+        "TabM": 0.1310,
+        "MLP": 0.1404,
+        "CatBoost": 0.1335,
+        "LightGBM": 0.1359,
+        "XGBoost": 0.1368,
+    },
+}
+"""Published results on the same tables (TALENT's tuned accuracy; the TabM paper's RMSE of standardised log
+price), with other splits and tuning: shown beside ours, never ranked with them."""
+PUBLISHED_SOURCE = {
+    "keel_letter": "TALENT, tuned, its own split (accuracy)",
+    "keel_satimage": "TALENT, tuned, its own split (accuracy)",
+    "diamonds": "TabM paper, tuned, 15 seeds, its split, RMSE of the standardised log price",
+}
+
+
+def summary(results: pd.DataFrame) -> pd.DataFrame:
+    """One row per (data set, model): task, metric, mean, std, seeds, seconds, parameters."""
+    rows = []
+    for (dataset, model), group in results.groupby(["dataset", "model"], sort=False):
+        task = group["task"].iloc[0]
+        metric, mode = PRIMARY[task]
+        values = group[f"test_{metric}"].astype(float)
+        nll = group["test_nll"].astype(float) if "test_nll" in group and task != "regression" else None
+        rows.append(
+            {
+                "dataset": dataset,
+                "model": model,
+                "kind": group["kind"].iloc[0],
+                "task": task,
+                "metric": metric,
+                "mode": mode,
+                "mean": values.mean(),
+                "std": values.std(ddof=1) if len(values) > 1 else 0.0,
+                "seeds": len(values),
+                "nll": nll.mean() if nll is not None else math.nan,
+                "seconds": group["seconds"].astype(float).mean(),
+                "n_parameters": group["n_parameters"].median(),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def ranks(table: pd.DataFrame) -> pd.DataFrame:
+    """Rank of each model per data set (1 = best; ties averaged), data sets with every model only."""
+    models = list(dict.fromkeys(table["model"]))
+    out = {}
+    for dataset, group in table.groupby("dataset", sort=False):
+        if set(group["model"]) != set(models):
+            continue
+        sign = -1.0 if group["mode"].iloc[0] == "max" else 1.0
+        values = group.set_index("model").loc[models, "mean"].to_numpy() * sign
+        out[dataset] = rankdata(values, method="average")
+    return pd.DataFrame(out, index=models).T
+
+
+def compare(
+    table: pd.DataFrame, model: str, other: str | None = None, *, best_gbdt: bool = False
+) -> dict[str, int]:
+    """Win / tie / loss of ``model`` against ``other`` (or each data set's best GBDT) over data sets."""
+    counts = {"win": 0, "tie": 0, "loss": 0}
+    for _, group in table.groupby("dataset", sort=False):
+        rows = group.set_index("model")
+        if model not in rows.index:
+            continue
+        if best_gbdt:
+            trees = rows[rows["kind"].isin(GBDT_KINDS)]
+            if trees.empty:
+                continue
+            better = trees["mean"].idxmax() if rows["mode"].iloc[0] == "max" else trees["mean"].idxmin()
+            opponent = rows.loc[better]
+        elif other in rows.index:
+            opponent = rows.loc[other]
+        else:
+            continue
+        mine = rows.loc[model]
+        gap = (mine["mean"] - opponent["mean"]) * (1 if mine["mode"] == "max" else -1)
+        spread = max(float(mine["std"]), float(opponent["std"]))
+        counts["win" if gap > spread else "loss" if gap < -spread else "tie"] += 1
+    return counts
+
+
+def overall(table: pd.DataFrame) -> pd.DataFrame:
+    """Per model: mean rank ± std, first places, top-3 rate, mean seconds, median parameters."""
+    rank = ranks(table)
+    rows = []
+    for model in rank.columns:
+        column = rank[model]
+        rows.append(
+            {
+                "model": model,
+                "mean_rank": column.mean(),
+                "rank_std": column.std(ddof=1) if len(column) > 1 else 0.0,
+                "first": int((column <= 1.0).sum()),
+                "top3": float((column <= 3.0).mean()) if len(column) else math.nan,
+                "datasets": len(column),
+                "seconds": table.loc[table["model"] == model, "seconds"].mean(),
+                "n_parameters": table.loc[table["model"] == model, "n_parameters"].median(),
+            }
+        )
+    return pd.DataFrame(rows).sort_values("mean_rank")
+
+
+def _cell(row: pd.Series, digits: int = 4) -> str:
+    text = f"{row['mean']:.{digits}f}"
+    return text + (f" ± {row['std']:.{digits}f}" if row["seeds"] > 1 else "")
+
+
+def per_dataset_markdown(table: pd.DataFrame) -> list[str]:
+    """The per-data-set table (bold: best by more than the spread of it and the second)."""
+    models = list(dict.fromkeys(table["model"]))
+    lines = [
+        "| data set | task | metric | " + " | ".join(models) + " |",
+        "|---|---|---|" + "---|" * len(models),
+    ]
+    for dataset, group in table.groupby("dataset", sort=False):
+        rows = group.set_index("model")
+        ordered = rows.sort_values("mean", ascending=rows["mode"].iloc[0] == "min")
+        bold = None
+        if len(ordered) > 1:
+            first, second = ordered.iloc[0], ordered.iloc[1]
+            if abs(first["mean"] - second["mean"]) > max(first["std"], second["std"]):
+                bold = ordered.index[0]
+        cells = []
+        for model in models:
+            if model not in rows.index:
+                cells.append("")
+                continue
+            text = _cell(rows.loc[model])
+            cells.append(f"**{text}**" if model == bold else text)
+        lines.append(
+            f"| {dataset} | {rows['task'].iloc[0]} | {rows['metric'].iloc[0]} | " + " | ".join(cells) + " |"
+        )
+    return lines
+
+
+def rank_figure(table: pd.DataFrame, path: Path) -> Path | None:
+    """A box plot of each model's ranks over the data sets (``None`` with fewer than two data sets)."""
+    rank = ranks(table)
+    if len(rank) < 2:
+        return None
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    order = rank.mean().sort_values().index.tolist()
+    figure = Figure(figsize=(1.2 + 0.9 * len(order), 3.6), layout="constrained")
+    FigureCanvasAgg(figure)
+    axes = figure.add_subplot()
+    axes.boxplot([rank[m].to_numpy() for m in order], tick_labels=order, showmeans=True)
+    axes.set_ylabel("rank per data set (1 = best)")
+    axes.set_title(f"ranks over {len(rank)} data sets (triangle: mean)")
+    axes.invert_yaxis()
+    with atomic_output(path, "wb") as handle:
+        figure.savefig(handle, format="png", dpi=110)
+    return path
+
+
+def render(results: pd.DataFrame, name: str, *, figure: Path | None = None, total: int | None = None) -> str:
+    """The report's markdown (module docstring)."""
+    table = summary(results)
+    lines = [f"# Benchmark {name}", ""]
+    done = len(results)
+    lines.append(
+        f"{done} cells finished" + (f" of {total}" if total else "") + f" over {table['dataset'].nunique()}"
+        f" data sets and {table['model'].nunique()} models; primary metric: accuracy (classification),"
+        " RMSE of the modelled target (regression). Mean ± std over seeds; bold: best by more than the"
+        " larger seed spread of it and the second."
+    )
+    lines += ["", "## Per data set", "", *per_dataset_markdown(table), ""]
+    ranked = overall(table)
+    if len(ranked):
+        lines += [
+            "## Overall (data sets where every model finished)",
+            "",
+            "| model | mean rank | first places | top-3 rate | data sets | mean fit seconds"
+            " | median params |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for row in ranked.itertuples():
+            lines.append(
+                f"| {row.model} | {row.mean_rank:.2f} ± {row.rank_std:.2f} | {row.first} | {row.top3:.0%} |"
+                f" {row.datasets} | {row.seconds:.1f} | {row.n_parameters:,.0f} |"
+            )
+        lines.append("")
+    if "lometab" in set(table["model"]):
+        lines += ["## LoMETab head to head", ""]
+        for other in ("tabm", "tabm_mini", "mlp", "additive"):
+            if other in set(table["model"]):
+                c = compare(table, "lometab", other)
+                lines.append(f"- vs {other}: wins {c['win']}, ties {c['tie']}, losses {c['loss']}")
+        if table["kind"].isin(GBDT_KINDS).any():
+            c = compare(table, "lometab", best_gbdt=True)
+            lines.append(
+                f"- vs each data set's best GBDT: wins {c['win']}, ties {c['tie']}, losses {c['loss']}"
+            )
+        lines.append("")
+    published = [d for d in PUBLISHED if d in set(table["dataset"])]
+    if published:
+        lines += [
+            "## Published numbers on the same tables (other splits and tuning: not ranked with ours)",
+            "",
+        ]
+        for dataset in published:
+            ours = table[table["dataset"] == dataset]
+            mine = ", ".join(f"{r.model} {r.mean:.4f}" for r in ours.itertuples())
+            theirs = ", ".join(f"{k} {v:.4f}" for k, v in PUBLISHED[dataset].items())
+            lines.append(f"- {dataset}: ours {mine}; {PUBLISHED_SOURCE[dataset]}: {theirs}")
+        lines.append("")
+    if figure is not None:
+        lines += [f"![ranks]({figure.name})", ""]
+    return "\n".join(lines)

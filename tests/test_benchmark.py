@@ -1,0 +1,280 @@
+"""``ripieno benchmark``: the store, resuming, shared workers, a user's table, the report's statistics."""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import numpy as np
+import optuna
+import pandas as pd
+import pytest
+import yaml
+from optuna.trial import TrialState
+
+from ripieno.framework.cli.benchmark import cells
+from ripieno.framework.cli.benchmark.config import load_benchmark
+from ripieno.framework.cli.benchmark.models import scores
+from ripieno.framework.cli.benchmark.report import compare, overall, ranks, summary
+from ripieno.framework.cli.main import main
+from ripieno.framework.cli.recipes import list_recipes
+
+TINY = {"k": 2, "n_blocks": 1, "d_block": 16, "max_epochs": 2, "patience": 2, "n_bins": 8, "batch_size": 128}
+
+
+def _write(path: Path, config: dict) -> Path:
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def _tiny_config(tmp_path: Path, **changes) -> Path:
+    config = {
+        "name": "tiny",
+        "seeds": [0],
+        "data": {"max_rows": 400, "missing": "impute"},
+        "datasets": ["mlc_churn", "diamonds"],
+        "common": {"ensemble": TINY},
+        "models": {"lometab": {"kind": "ensemble", "params": {"adapter": "lometab", "rank": 2}},
+                   "xgboost": {"kind": "xgboost", "params": {"n_estimators": 30}}},
+        **changes,
+    }
+    return _write(tmp_path / "tiny.yaml", config)
+
+
+def _trials(out: Path, name: str = "tiny") -> list[optuna.trial.FrozenTrial]:
+    study = optuna.load_study(study_name=f"benchmark:{name}", storage=f"sqlite:///{out / 'benchmark.db'}")
+    return study.get_trials(deepcopy=False)
+
+
+def _complete_per_cell(trials) -> dict[str, int]:
+    done: dict[str, int] = {}
+    for t in trials:
+        if t.state == TrialState.COMPLETE:
+            done[t.user_attrs[cells.CELL_ATTR]] = done.get(t.user_attrs[cells.CELL_ATTR], 0) + 1
+    return done
+
+
+def test_scores_match_their_definitions():
+    y = np.array([0, 1, 2, 1])
+    proba = np.array([[0.7, 0.2, 0.1], [0.1, 0.8, 0.1], [0.3, 0.3, 0.4], [0.6, 0.3, 0.1]])
+    result = scores("multiclass", y, proba, 3)
+    assert result["accuracy"] == 0.75
+    assert result["nll"] == pytest.approx(-np.mean(np.log([0.7, 0.8, 0.4, 0.3])))
+    assert scores("regression", np.array([1.0, 3.0]), np.array([2.0, 2.0]))["rmse"] == pytest.approx(1.0)
+
+
+def test_ranks_average_ties_and_wins_need_more_than_the_seed_spread():
+    results = pd.DataFrame([
+        {"dataset": d, "model": m, "kind": k, "task": t, "seed": s, "test_accuracy": a, "test_rmse": r,
+         "test_nll": 0.1, "seconds": 1.0, "n_parameters": 10}
+        for d, t, rows in (
+            ("a", "binary", [("lometab", "ensemble", 0.90, 0.91), ("tabm", "ensemble", 0.80, 0.81),
+                             ("xgboost", "xgboost", 0.85, 0.86)]),
+            ("b", "binary", [("lometab", "ensemble", 0.70, 0.71), ("tabm", "ensemble", 0.70, 0.71),
+                             ("xgboost", "xgboost", 0.90, 0.91)]),
+            ("c", "regression", [("lometab", "ensemble", 1.0, 1.0), ("tabm", "ensemble", 2.0, 2.0),
+                                 ("xgboost", "xgboost", 3.0, 3.0)]),
+        )
+        for m, k, v0, v1 in rows for s, v in ((0, v0), (1, v1))
+        for a, r in ((v if t != "regression" else math.nan, v if t == "regression" else math.nan),)
+    ])
+    table = summary(results)
+    rank = ranks(table)
+    assert rank.loc["a"].tolist() == [1.0, 3.0, 2.0]
+    assert rank.loc["b"].tolist() == [2.5, 2.5, 1.0]  # a tie shares ranks 2 and 3
+    assert rank.loc["c"].tolist() == [1.0, 2.0, 3.0]  # regression: lower RMSE ranks first
+    best = overall(table).set_index("model")
+    assert best.loc["lometab", "mean_rank"] == pytest.approx((1 + 2.5 + 1) / 3)
+    assert best.loc["lometab", "first"] == 2 and best.loc["xgboost", "first"] == 1
+    assert compare(table, "lometab", "tabm") == {"win": 2, "tie": 1, "loss": 0}
+    assert compare(table, "lometab", best_gbdt=True) == {"win": 2, "tie": 0, "loss": 1}
+
+
+def test_a_benchmark_writes_its_store_and_report_and_a_rerun_fits_nothing(tmp_path, capsys):
+    config, out = _tiny_config(tmp_path), tmp_path / "out"
+    main(["benchmark", "-c", str(config), "--out", str(out)])
+    results = pd.read_csv(out / "results.csv")
+    assert len(results) == 4 and (results["state"] == "COMPLETE").all()
+    assert set(results["dataset"]) == {"mlc_churn", "diamonds"}
+    churn = results[results["dataset"] == "mlc_churn"]
+    assert churn["test_accuracy"].between(0, 1).all() and (churn["test_nll"] > 0).all()
+    assert (results.loc[results["dataset"] == "diamonds", "test_rmse"] > 0).all()
+    assert results.groupby("dataset")["train_rows"].nunique().eq(1).all()  # every model, the same rows
+    report = (out / "report.md").read_text()
+    assert "| mlc_churn | binary | accuracy |" in report and "mean rank" in report
+    assert (out / "ranks.png").read_bytes()[:4] == b"\x89PNG"
+    before = [(t.number, t.datetime_complete) for t in _trials(out)]
+    capsys.readouterr()
+    main(["benchmark", "-c", str(config), "--out", str(out)])
+    assert [(t.number, t.datetime_complete) for t in _trials(out)] == before  # nothing refitted
+    assert "4/4 cells finished" in capsys.readouterr().out
+    assert pd.read_csv(out / "results.csv").equals(results)
+
+
+def test_a_stopped_benchmark_runs_only_its_missing_cells_and_retries_a_dead_one(tmp_path):
+    config, out = _tiny_config(tmp_path), tmp_path / "out"
+    main(["benchmark", "-c", str(config), "--out", str(out), "--models", "xgboost"])  # stopped after these
+    first = {t.user_attrs[cells.CELL_ATTR]: t.datetime_complete for t in _trials(out)}
+    assert set(first) == {"default/mlc_churn/xgboost/0", "default/diamonds/xgboost/0"}
+    # a worker that died mid-cell: its trial runs, its heartbeat stopped 3 s ago
+    url = f"sqlite:///{out / 'benchmark.db'}"
+    storage = optuna.storages.RDBStorage(url, heartbeat_interval=1, grace_period=2)
+    study = optuna.load_study(study_name="benchmark:tiny", storage=storage)
+    study.enqueue_trial({}, user_attrs={cells.CELL_ATTR: "default/mlc_churn/lometab/0"})
+    dead = study.ask()
+    storage.record_heartbeat(dead._trial_id)
+    time.sleep(3)
+    main(["benchmark", "-c", str(config), "--out", str(out), "--heartbeat", "1"])
+    trials = _trials(out)
+    assert _complete_per_cell(trials) == {c.key: 1 for c in cells.wanted_cells(load_benchmark(config))}
+    assert {t.user_attrs[cells.CELL_ATTR]: t.datetime_complete for t in trials
+            if t.user_attrs[cells.CELL_ATTR] in first and t.state == TrialState.COMPLETE} == first
+    assert next(t for t in trials if t.number == dead.number).state == TrialState.FAIL
+
+
+def test_two_workers_on_a_journal_file_fit_every_cell_once(tmp_path):
+    config = _tiny_config(tmp_path, seeds=[0, 1])
+    out, journal = tmp_path / "out", tmp_path / "shared" / "store.log"
+    main(["benchmark", "-c", str(config), "--out", str(out), "--storage", str(journal), "--workers", "2"])
+    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(journal)))
+    trials = optuna.load_study(study_name="benchmark:tiny", storage=storage).get_trials(deepcopy=False)
+    assert _complete_per_cell(trials) == {c.key: 1 for c in cells.wanted_cells(load_benchmark(config))}
+    assert len(pd.read_csv(out / "results.csv")) == 8
+
+
+def test_every_model_runs_on_a_users_csv_with_a_category_and_missing_values(tmp_path):
+    rng = np.random.default_rng(0)
+    n = 300
+    city = rng.choice(["north", "south", "east"], n).astype(object)
+    x = rng.normal(size=n)
+    frame = pd.DataFrame({"x": x, "z": rng.normal(size=n), "city": city,
+                          "label": np.where(x + (city == "north") > 0.3, "yes", "no")})
+    frame.loc[[3, 17], "x"] = np.nan
+    frame.loc[5, "city"] = None
+    table = tmp_path / "mine.csv"
+    frame.to_csv(table, index=False)
+    config = _write(tmp_path / "mine.yaml", {
+        "name": "mine", "seeds": [0], "data": {"missing": "impute"},
+        "datasets": [{"name": "mine", "path": str(table), "target": "label", "categorical": ["city"]}],
+        "common": {"ensemble": TINY},
+        "models": {"lometab": {"kind": "ensemble", "params": {"adapter": "lometab"}},
+                   "tabm": {"kind": "ensemble", "params": {"adapter": "rank1"}},
+                   "tabm_mini": {"kind": "ensemble", "params": {"adapter": "mini"}},
+                   "mlp": {"kind": "ensemble", "params": {"adapter": "shared", "k": 1}},
+                   "additive": {"kind": "ensemble", "params": {"adapter": "additive"}},
+                   "xgboost": {"kind": "xgboost", "params": {"n_estimators": 20}},
+                   "lightgbm": {"kind": "lightgbm", "params": {"n_estimators": 20}},
+                   "catboost": {"kind": "catboost", "params": {"iterations": 20}}},
+    })
+    main(["benchmark", "-c", str(config), "--out", str(tmp_path / "out")])
+    results = pd.read_csv(tmp_path / "out" / "results.csv")
+    assert sorted(results["model"]) == sorted(["lometab", "tabm", "tabm_mini", "mlp", "additive", "xgboost",
+                                               "lightgbm", "catboost"])
+    assert (results["state"] == "COMPLETE").all() and results["test_accuracy"].between(0, 1).all()
+    assert results.loc[results["model"] == "mlp", "n_parameters"].iloc[0] < \
+        results.loc[results["model"] == "tabm", "n_parameters"].iloc[0]
+
+
+def test_a_base_file_that_leads_back_to_itself_is_one_line(tmp_path):
+    from ripieno.framework.cli.benchmark.config import BenchmarkConfigError
+
+    first, second = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    first.write_text(f"base: {second}\n")
+    second.write_text(f"base: {first}\n")
+    with pytest.raises(BenchmarkConfigError, match="leads back to itself"):
+        load_benchmark(first)
+
+
+@pytest.mark.parametrize(("change", "expected"), [
+    ({"protocl": "default"}, "unknown key 'protocl' (did you mean 'protocol'?)"),
+    ({"datasets": ["mlc_chrun"]}, "unknown data set 'mlc_chrun' (did you mean 'mlc_churn'?)"),
+    ({"models": {"lometab": {"kind": "ensemble", "params": {"rnak": 2}}}},
+     "'rnak' is not an argument of its ensemble model (did you mean 'rank'?)"),
+    ({"models": {"xgb": {"kind": "xgbost"}}}, "kind 'xgbost' (did you mean 'xgboost'?)"),
+    ({"datasets": [{"name": "mine", "path": "/nowhere/mine.csv", "target": "y"}]},
+     "no file '/nowhere/mine.csv'"),
+])
+def test_a_bad_benchmark_file_is_one_line_before_any_fit(tmp_path, change, expected):
+    config, out = _tiny_config(tmp_path, **change), tmp_path / "out"
+    with pytest.raises(SystemExit) as stopped:
+        main(["benchmark", "-c", str(config), "--out", str(out)])
+    message = str(stopped.value)
+    assert expected in message and "\n" not in message
+    assert not (out / "benchmark.db").exists()
+
+
+def test_shipped_benchmarks_parse_and_are_not_recipes():
+    from ripieno.datamodules.tabular_sources import BENCHMARK_SUITE, SOURCES
+    from ripieno.framework.cli.benchmark.config import list_benchmarks
+
+    names = list_benchmarks()
+    assert {"benchmarks/tabular_ci", "benchmarks/tabular_cpu", "benchmarks/tabular_paper"} <= set(names)
+    for name in names:
+        config = load_benchmark(name, known=tuple(SOURCES))
+        assert config.models and config.datasets
+    for name in ("benchmarks/tabular_cpu", "benchmarks/tabular_paper"):
+        assert [d.name for d in load_benchmark(name).datasets] == list(BENCHMARK_SUITE)
+    from ripieno.datamodules.tabular_sources import HELD_OUT
+
+    holdout, cpu = load_benchmark("benchmarks/tabular_holdout"), load_benchmark("benchmarks/tabular_cpu")
+    assert [d.name for d in holdout.datasets] == list(HELD_OUT)  # the kept-back tables, the suite's defaults
+    assert (holdout.models, holdout.data, holdout.seeds) == (cpu.models, cpu.data, cpu.seeds)
+    assert not any(r.name.startswith("benchmarks/") for r in list_recipes())
+
+
+def test_the_shipped_ci_benchmark_runs(tmp_path):
+    """What CI runs: 2 tables, 2 neural models and XGBoost, 1 seed (benchmarks/tabular_ci)."""
+    main(["benchmark", "-c", "benchmarks/tabular_ci", "--out", str(tmp_path)])
+    results = pd.read_csv(tmp_path / "results.csv")
+    assert len(results) == 6 and (results["state"] == "COMPLETE").all()
+    assert "## Overall" in (tmp_path / "report.md").read_text()
+
+
+def test_the_tuned_protocol_fits_each_seed_with_the_best_values_of_one_shared_study(tmp_path):
+    space = {"rank": {"type": "categorical", "choices": [1, 2]},
+             "sigma_init": {"type": "float", "low": 0.1, "high": 3.0, "log": True}}
+    config = _tiny_config(tmp_path, protocol="tuned", seeds=[0, 1], datasets=["mlc_churn"],
+                          tuning={"n_trials": 3, "startup_trials": 3},
+                          models={"lometab": {"kind": "ensemble", "params": {"adapter": "lometab"},
+                                              "space": space}})
+    out = tmp_path / "out"
+    main(["benchmark", "-c", str(config), "--out", str(out)])
+    results = pd.read_csv(out / "results.csv")
+    assert len(results) == 2 and (results["protocol"] == "tuned").all()
+    study = optuna.load_study(study_name="benchmark:tiny:tune:mlc_churn:lometab",
+                              storage=f"sqlite:///{out / 'benchmark.db'}")
+    trials = [t for t in study.get_trials() if t.state == TrialState.COMPLETE]
+    assert len(trials) == 3  # one study for both seeds' cells
+    best = max(trials, key=lambda t: t.value)  # validation accuracy
+    for params in results["params"]:
+        assert yaml.safe_load(params) == best.user_attrs["values"]
+
+
+def _cells(rows):
+    return pd.DataFrame([
+        {"dataset": d, "model": m, "kind": "xgboost" if m in ("xgboost", "catboost") else "ensemble",
+         "task": "binary", "seed": s, "test_accuracy": v + 0.001 * s, "test_nll": 0.3, "seconds": 1.0,
+         "n_parameters": n, "params": p, "state": "COMPLETE"}
+        for d, m, v, n, p in rows for s in (0, 1, 2)])
+
+
+def test_benchmark_claim_rows_follow_ranks_and_wins():
+    from experiments.claims_benchmark import default_rows, tuned_rows
+
+    # LoMETab first on 2 of 3 tables, TabM last on all: mean ranks 4/3 and 3; beats xgboost twice
+    default = _cells([(d, m, v, 100, "{}") for d, row in
+                      (("a", {"lometab": 0.9, "tabm": 0.7, "xgboost": 0.8}),
+                       ("b", {"lometab": 0.9, "tabm": 0.7, "xgboost": 0.8}),
+                       ("c", {"lometab": 0.8, "tabm": 0.7, "xgboost": 0.9}))
+                      for m, v in row.items()])
+    rank, gbdt = default_rows(default, "cmd", reduced=False, data="synthetic")
+    assert "LoMETab mean rank 1.33" in rank.reference and "TabM mean rank 3.00" in rank.baseline
+    assert rank.verdict == "reproduced" and "3 wins / 0 ties / 0 losses" in rank.baseline
+    assert gbdt.verdict == "reproduced" and "xgboost: 2 wins / 0 ties / 1 losses" in gbdt.reference
+    tuned = _cells([(d, m, v, n, p) for d in ("a", "b") for m, v, n, p in
+                    (("lometab", 0.7, 300, '{"rank": 4}'), ("tabm", 0.9, 100, '{"k": 64}'))])
+    scaling, params = tuned_rows(tuned, "cmd", reduced=False, data="synthetic")
+    assert scaling.verdict == "not reproduced" and "chosen: [64]" in scaling.baseline
+    assert params.verdict == "not reproduced" and "LoMETab / TabM = 3.00" in params.baseline
+    assert {r.verdict for r in tuned_rows(tuned, "cmd", reduced=True, data="x")} == {"inconclusive"}
