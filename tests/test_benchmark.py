@@ -114,9 +114,14 @@ def test_a_benchmark_writes_its_store_and_report_and_a_rerun_fits_nothing(tmp_pa
 
 def test_a_stopped_benchmark_runs_only_its_missing_cells_and_retries_a_dead_one(tmp_path):
     config, out = _tiny_config(tmp_path), tmp_path / "out"
+    out.mkdir()
+    left = optuna.create_study(study_name="benchmark:tiny", storage=f"sqlite:///{out / 'benchmark.db'}")
+    left.enqueue_trial({}, user_attrs={cells.CELL_ATTR: "default/diamonds/lometab/0"})  # a stopped run's
     main(["benchmark", "-c", str(config), "--out", str(out), "--models", "xgboost"])  # stopped after these
-    first = {t.user_attrs[cells.CELL_ATTR]: t.datetime_complete for t in _trials(out)}
-    assert set(first) == {"default/mlc_churn/xgboost/0", "default/diamonds/xgboost/0"}
+    first = {t.user_attrs[cells.CELL_ATTR]: t.datetime_complete for t in _trials(out)
+             if t.state == TrialState.COMPLETE}
+    assert set(first) == {"default/mlc_churn/xgboost/0", "default/diamonds/xgboost/0"}  # only its models'
+    assert len(pd.read_csv(out / "results.csv")) == 2
     # a worker that died mid-cell: its trial runs, its heartbeat stopped 3 s ago
     url = f"sqlite:///{out / 'benchmark.db'}"
     storage = optuna.storages.RDBStorage(url, heartbeat_interval=1, grace_period=2)

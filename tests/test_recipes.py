@@ -11,7 +11,8 @@ import yaml
 
 from ripieno.framework.cli import main
 
-RECIPES = sorted(p for p in Path("recipes").rglob("*.yaml") if p.parts[1] != "spaces")  # spaces: test_tune.py
+RECIPES = sorted(p for p in Path("recipes").rglob("*.yaml")
+                 if p.parts[1] not in ("spaces", "benchmarks"))  # spaces: test_tune.py; benchmarks: test_benchmark.py
 QUICK = ["--data.init_args.max_rows=600", "--trainer.enable_progress_bar=false",
          "--trainer.enable_model_summary=false"]
 QUICK_UQ = ["--data.init_args.max_train_rows=300", "--trainer.enable_progress_bar=false",

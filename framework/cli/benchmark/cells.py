@@ -2,9 +2,11 @@
 
 A *cell* is one (protocol, data set, model, seed) fit. The store is an Optuna study
 (``benchmark:<name>``) in ``ripieno tune``'s storages: an SQLite file in the output folder by
-default, or any ``--storage`` URL or journal file, so workers on several machines share it. Each
-missing cell is enqueued as a waiting trial carrying its key; a worker takes the next waiting
-trial (Optuna hands each to one worker), fits the cell and records its scores on the trial.
+default, or any ``--storage`` URL or journal file, so workers on several machines share it. A
+worker takes the next cell of its own list that is neither done nor running: it adds a waiting trial
+carrying the cell's key (or finds one, e.g. a dead worker's retry) and claims it by moving it to
+running, which the storage grants to one worker only; it fits the cell and records its scores on
+the trial. A worker never runs a cell outside its list (``--datasets`` / ``--models``).
 
 Rules, so that a benchmark can be stopped and continued and shared:
 
@@ -12,8 +14,8 @@ Rules, so that a benchmark can be stopped and continued and shared:
   retried unless ``--retry_failed``); done cells are never run again;
 * a trial whose worker died (SIGKILL, a lost machine) is failed by the heartbeat (RDB storages:
   Optuna's; journal: ``JournalHeartbeat``) and its cell is enqueued again;
-* a cell enqueued twice by two workers starting at once runs once: the later trial sees the earlier
-  one running or complete and stops before fitting (marked ``ripieno_duplicate``).
+* a cell claimed by two workers at once (each through its own new trial) runs once: the later trial
+  sees the earlier one running or complete and stops before fitting (marked ``ripieno_duplicate``).
 
 The tuned protocol runs, inside the first cell of a (data set, model), a ``ripieno tune``-style
 study ``benchmark:<name>:tune:<data set>:<model>`` (TPE over the model's ``space``, each trial a fit
@@ -30,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import optuna
+from optuna.storages import RDBStorage
 from optuna.trial import FrozenTrial, Trial, TrialState
 
 from ripieno.framework.cli.benchmark.config import BenchmarkConfig
@@ -101,7 +104,7 @@ def open_study(config: BenchmarkConfig, storage: optuna.storages.BaseStorage) ->
 
 
 def cell_states(study: optuna.Study, retry_failed: bool = False) -> tuple[set[str], set[str]]:
-    """Keys of the done cells and of the cells that run or wait (module docstring)."""
+    """Keys of the done cells and of the running ones (module docstring); waiting trials are free."""
     done, active = set(), set()
     for trial in study.get_trials(deepcopy=False):
         key = trial.user_attrs.get(CELL_ATTR)
@@ -111,7 +114,7 @@ def cell_states(study: optuna.Study, retry_failed: bool = False) -> tuple[set[st
             trial.state == TrialState.FAIL and ERROR_ATTR in trial.user_attrs and not retry_failed
         ):
             done.add(key)
-        elif trial.state in (TrialState.RUNNING, TrialState.WAITING):
+        elif trial.state == TrialState.RUNNING:
             active.add(key)
     return done, active
 
@@ -149,7 +152,7 @@ def load_table(config: BenchmarkConfig, name: str) -> TableSplits:
     return datamodule.table_splits()
 
 
-class _Skip(Exception):  # noqa: N818 - not an error: a surplus or duplicate trial that never ran
+class _Skip(Exception):  # noqa: N818 - not an error: a surplus tuning trial that never ran
     pass
 
 
@@ -167,29 +170,68 @@ def result_attrs(result: FitResult, data: TableSplits, params: dict[str, Any]) -
     }
 
 
-def run_cell(config: BenchmarkConfig, trial: Trial, cache: DataCache, heartbeat: int) -> float:
-    """Fit the cell ``trial`` carries and record its scores; returns the primary test metric.
+class CellHeartbeat(JournalHeartbeat):
+    """Signs of life of a claimed cell's trial: Optuna's heartbeat on RDB storages, ours on journals."""
+
+    def __init__(self, study: optuna.Study, trial_id: int, interval: int) -> None:
+        super().__init__(study, trial_id, interval)
+        backend = getattr(study._storage, "_backend", study._storage)
+        self._rdb = backend if isinstance(backend, RDBStorage) and backend.get_heartbeat_interval() else None
+        if self._rdb is not None:
+            self._active = True
+
+    def _mark(self) -> None:
+        if self._rdb is not None:
+            self._rdb.record_heartbeat(self._trial_id)
+        else:
+            super()._mark()
+
+
+def claim(study: optuna.Study, cell: Cell) -> Trial | None:
+    """A running trial of ``cell`` that this worker owns, or ``None`` if another worker has the cell."""
+    storage = study._storage
+    waiting = [
+        t
+        for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+        if t.user_attrs.get(CELL_ATTR) == cell.key
+    ]
+    if not waiting:
+        study.add_trial(optuna.create_trial(state=TrialState.WAITING, user_attrs={CELL_ATTR: cell.key}))
+        waiting = [
+            t
+            for t in study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+            if t.user_attrs.get(CELL_ATTR) == cell.key
+        ]
+    for trial in waiting:
+        try:
+            if storage.set_trial_state_values(trial._trial_id, TrialState.RUNNING):
+                break
+        except (RuntimeError, ValueError, optuna.exceptions.UpdateFinishedTrialError):
+            continue  # another worker moved it first
+    else:
+        return None
+    mine = Trial(study, trial._trial_id)
+    for other in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING)):
+        if (
+            other.user_attrs.get(CELL_ATTR) == cell.key
+            and other.number != mine.number
+            and (other.state == TrialState.COMPLETE or other.number < mine.number)
+        ):
+            mine.set_user_attr(DUPLICATE_ATTR, other.number)
+            study.tell(mine, state=TrialState.FAIL)
+            return None
+    return mine
+
+
+def run_cell(config: BenchmarkConfig, trial: Trial, cell: Cell, cache: DataCache, heartbeat: int) -> float:
+    """Fit ``cell`` on its claimed ``trial`` and record its scores; returns the primary test metric.
 
     Raises:
-        _Skip: the trial carries no cell (a surplus one) or its cell runs or ran elsewhere.
         Exception: the fit's error, recorded on the trial as ``ripieno_error``.
     """
-    key = trial.user_attrs.get(CELL_ATTR)
-    if key is None:
-        trial.set_user_attr(SURPLUS_ATTR, True)
-        raise _Skip
-    for other in trial.study.get_trials(deepcopy=False):
-        if other.number == trial.number or other.user_attrs.get(CELL_ATTR) != key:
-            continue
-        if other.state == TrialState.COMPLETE or (
-            other.state == TrialState.RUNNING and other.number < trial.number
-        ):
-            trial.set_user_attr(DUPLICATE_ATTR, other.number)
-            raise _Skip
-    cell = Cell.from_key(key)
     try:
         spec = config.model(cell.model)
-        with JournalHeartbeat(trial.study, trial._trial_id, heartbeat):
+        with CellHeartbeat(trial.study, trial._trial_id, heartbeat):
             data = cache.get(cell.dataset)
             params = (
                 tuned_params(config, cell, data, trial.study._storage) if cell.protocol == "tuned" else {}
@@ -264,26 +306,28 @@ def run_worker(
     config: BenchmarkConfig,
     storage: optuna.storages.BaseStorage,
     *,
+    wanted: list[Cell] | None = None,
     heartbeat: int = 30,
     poll: float = 2.0,
     retry_failed: bool = False,
     on_cell: Callable[[FrozenTrial], None] | None = None,
 ) -> None:
-    """Enqueue the missing cells and run cells until none is left here or elsewhere (module docstring).
+    """Run this worker's cells until each is done here or elsewhere (module docstring).
 
     Args:
         config: the benchmark.
         storage: the open store.
+        wanted: the cells this worker may run (default: every cell of ``config``).
         heartbeat: seconds between a running cell's signs of life.
         poll: seconds between looks at cells other workers run.
-        retry_failed: run again the cells that failed by their own error.
+        retry_failed: run again (once per command) the cells that failed by their own error.
         on_cell: called with each finished trial (progress lines).
     """
     study = open_study(config, storage)
     cache = DataCache(config)
-    wanted = wanted_cells(config)
+    wanted = wanted_cells(config) if wanted is None else wanted
     failures, last_error = 0, None
-    retried: set[str] = set()
+    tried: set[str] = set()
     while True:
         if failures >= MAX_FAILURES_IN_A_ROW:
             raise RipienoInputError(
@@ -291,36 +335,27 @@ def run_worker(
                 " and run the same command again (finished cells are kept)."
             )
         reap_stale_trials(study, heartbeat)
-        done, active = cell_states(study, retry_failed)
-        if retry_failed:  # each failed cell once per command
-            done |= retried
-        missing = [c for c in wanted if c.key not in done and c.key not in active]
-        for cell in missing:
-            study.enqueue_trial({}, user_attrs={CELL_ATTR: cell.key})
-            retried.add(cell.key)
-        trials = study.get_trials(deepcopy=False)
-        if not any(t.state == TrialState.WAITING for t in trials):
-            if any(t.state == TrialState.RUNNING for t in trials):
-                time.sleep(poll)
+        done, running = cell_states(study, retry_failed)
+        todo = [c for c in wanted if c.key not in done and c.key not in running and c.key not in tried]
+        if not todo:
+            if any(c.key in running for c in wanted):
+                time.sleep(poll)  # another worker's cells; a dead one's come back through the heartbeat
                 continue
             return
-        finished: list[FrozenTrial] = []
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            study.optimize(
-                lambda trial: run_cell(config, trial, cache, heartbeat),
-                n_trials=1,
-                catch=(Exception,),
-                callbacks=[lambda _study, frozen, sink=finished: sink.append(frozen)],
-                gc_after_trial=True,
-            )
-        last = finished[-1] if finished else None
-        if (
-            last is not None
-            and on_cell is not None
-            and SURPLUS_ATTR not in last.user_attrs
-            and DUPLICATE_ATTR not in last.user_attrs
-        ):
-            on_cell(last)
-        last_error = last.user_attrs.get(ERROR_ATTR) if last is not None else None
+        cell = todo[0]
+        trial = claim(study, cell)
+        if trial is None:
+            continue
+        if retry_failed:
+            tried.add(cell.key)
+        try:
+            value = run_cell(config, trial, cell, cache, heartbeat)
+        except Exception:  # noqa: BLE001 - recorded on the trial (ripieno_error); the next cell runs
+            study.tell(trial, state=TrialState.FAIL)
+        else:
+            study.tell(trial, value)
+        finished = study._storage.get_trial(trial._trial_id)
+        if on_cell is not None:
+            on_cell(finished)
+        last_error = finished.user_attrs.get(ERROR_ATTR)
         failures = failures + 1 if last_error else 0

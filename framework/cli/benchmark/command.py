@@ -14,7 +14,6 @@ import argparse
 import importlib
 import multiprocessing
 import warnings
-from dataclasses import replace
 from pathlib import Path
 
 import optuna
@@ -87,7 +86,7 @@ def benchmark_main(argv: list[str]) -> None:
 def _benchmark(argv: list[str]) -> None:
     options = build_parser().parse_args(argv)
     try:
-        config = _load(options)
+        config, wanted = _load(options)
     except RipienoInputError as error:
         raise SystemExit(f"ripieno: error: {str(error).splitlines()[0]}") from None
     out = options.out or OUT_ROOT / config.name
@@ -96,7 +95,7 @@ def _benchmark(argv: list[str]) -> None:
         if options.storage
         else f"sqlite:///{(out / 'benchmark.db').resolve()}"
     )
-    total = len(cells.wanted_cells(config))
+    total = len(wanted)
     if not options.report_only:
         log.info(
             f"ripieno: benchmark {config.name}: {len(config.datasets)} data sets x"
@@ -104,53 +103,51 @@ def _benchmark(argv: list[str]) -> None:
             f" x {len(config.seeds)} seeds = {total} cells, protocol {config.protocol}; store {url}"
         )
         try:
-            run_workers(config, url, options)
+            run_workers(config, wanted, url, options)
         except RipienoInputError as error:
             raise SystemExit(f"ripieno: error: {str(error).splitlines()[0]}") from None
         except KeyboardInterrupt:
-            write_outputs(config, url, out, options.heartbeat, total)
+            write_outputs(config, url, out, options.heartbeat, len(cells.wanted_cells(config)))
             raise SystemExit(
                 "ripieno: interrupted (Ctrl-C); finished cells are kept in the store: run the same"
                 " command to continue."
             ) from None
-    write_outputs(config, url, out, options.heartbeat, total)
+    write_outputs(config, url, out, options.heartbeat, len(cells.wanted_cells(config)))
 
 
-def _load(options: argparse.Namespace) -> BenchmarkConfig:
-    """The benchmark file, checked; ``--datasets`` / ``--models`` narrow it."""
+def _load(options: argparse.Namespace) -> tuple[BenchmarkConfig, list[cells.Cell]]:
+    """The benchmark file, checked, and the cells to run here (``--datasets`` / ``--models`` narrow them)."""
     probe = load_benchmark(options.config)
     module = importlib.import_module(probe.data_class.rpartition(".")[0])
     known = tuple(getattr(module, "SOURCES", {}) or ())
     config = load_benchmark(options.config, known=known)
     for kind in {m.kind for m in config.models} & set(GBDT_KINDS):
         require("benchmark", kind, f"ripieno benchmark's {kind} model")
-    if options.datasets:
-        names = [d.name for d in config.datasets]
-        unknown = [n for n in options.datasets if n not in names]
-        if unknown:
-            raise RipienoInputError(f"--datasets {unknown[0]!r} is not in {config.source}; it has {names}.")
-        config = replace(config, datasets=tuple(d for d in config.datasets if d.name in options.datasets))
-    if options.models:
-        names = [m.name for m in config.models]
-        unknown = [n for n in options.models if n not in names]
-        if unknown:
-            raise RipienoInputError(f"--models {unknown[0]!r} is not in {config.source}; it has {names}.")
-        config = replace(config, models=tuple(m for m in config.models if m.name in options.models))
-    return config
+    datasets = _narrow("--datasets", options.datasets, [d.name for d in config.datasets], config.source)
+    models = _narrow("--models", options.models, [m.name for m in config.models], config.source)
+    wanted = [c for c in cells.wanted_cells(config) if c.dataset in datasets and c.model in models]
+    return config, wanted
 
 
-def run_workers(config: BenchmarkConfig, url: str, options: argparse.Namespace) -> None:
+def _narrow(option: str, chosen: list[str] | None, names: list[str], source: str) -> list[str]:
+    """``chosen`` if every one is in ``names`` (else one line naming it), or all ``names``."""
+    unknown = [n for n in chosen or [] if n not in names]
+    if unknown:
+        raise RipienoInputError(f"{option} {unknown[0]!r} is not in {source}; it has {names}.")
+    return list(chosen) if chosen else names
+
+
+def run_workers(
+    config: BenchmarkConfig, wanted: list[cells.Cell], url: str, options: argparse.Namespace
+) -> None:
     """``--workers`` workers: in this process for one, else in spawned processes."""
+    args = (config, wanted, url, options.heartbeat, options.retry_failed)
     if options.workers == 1:
-        _worker(config, url, options.heartbeat, options.retry_failed)
+        _worker(*args)
         return
     context = multiprocessing.get_context("spawn")
     processes = [
-        context.Process(
-            target=_worker_process,
-            args=(config, url, options.heartbeat, options.retry_failed),
-            name=f"ripieno-benchmark-{i}",
-        )
+        context.Process(target=_worker_process, args=args, name=f"ripieno-benchmark-{i}")
         for i in range(options.workers)
     ]
     for process in processes:
@@ -159,16 +156,20 @@ def run_workers(config: BenchmarkConfig, url: str, options: argparse.Namespace) 
         process.join()
 
 
-def _worker_process(config: BenchmarkConfig, url: str, heartbeat: int, retry_failed: bool) -> None:
+def _worker_process(
+    config: BenchmarkConfig, wanted: list[cells.Cell], url: str, heartbeat: int, retry_failed: bool
+) -> None:
     with command_output():
         try:
-            _worker(config, url, heartbeat, retry_failed)
+            _worker(config, wanted, url, heartbeat, retry_failed)
         except RipienoInputError as error:
             log.info(f"ripieno: error: {str(error).splitlines()[0]}")
             raise SystemExit(1) from None
 
 
-def _worker(config: BenchmarkConfig, url: str, heartbeat: int, retry_failed: bool) -> None:
+def _worker(
+    config: BenchmarkConfig, wanted: list[cells.Cell], url: str, heartbeat: int, retry_failed: bool
+) -> None:
     verbosity = optuna.logging.get_verbosity()
     optuna.logging.set_verbosity(optuna.logging.WARNING)  # again: a spawned worker starts afresh
     try:
@@ -178,6 +179,7 @@ def _worker(config: BenchmarkConfig, url: str, heartbeat: int, retry_failed: boo
             cells.run_worker(
                 config,
                 open_storage(url, heartbeat),
+                wanted=wanted,
                 heartbeat=heartbeat,
                 retry_failed=retry_failed,
                 on_cell=_progress,

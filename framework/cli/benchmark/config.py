@@ -139,9 +139,7 @@ def find_benchmark(name: str | Path) -> Path:
     )
 
 
-def load_benchmark(
-    name: str | Path, known: tuple[str, ...] = ()
-) -> BenchmarkConfig:
+def load_benchmark(name: str | Path, known: tuple[str, ...] = ()) -> BenchmarkConfig:
     """Read and check a benchmark file.
 
     Args:
@@ -246,13 +244,10 @@ def _model(name: str, spec: Any, common: dict[str, Any], where: str) -> ModelSpe
     return ModelSpec(name=str(name), kind=kind, params=params, space=space)
 
 
-def _datasets(
-    value: Any, known: tuple[str, ...], where: str
-) -> tuple[DatasetEntry, ...]:  # noqa: ANN401
+def _datasets(value: Any, known: tuple[str, ...], where: str) -> tuple[DatasetEntry, ...]:  # noqa: ANN401
     if not isinstance(value, list) or not value:
         raise BenchmarkConfigError(
-            f"{where}: datasets must be a non-empty list (shipped names or"
-            " {name, path, target} mappings)."
+            f"{where}: datasets must be a non-empty list (shipped names or {{name, path, target}} mappings)."
         )
     entries: list[DatasetEntry] = []
     for item in value:

@@ -126,7 +126,7 @@ def scores(
         {'rmse': 1.0}
         >>> s = scores("binary", np.array([0, 1]), np.array([[0.8, 0.2], [0.4, 0.6]]), 2)
         >>> s["accuracy"], round(s["nll"], 4)
-        (1.0, 0.3670)
+        (1.0, 0.367)
     """
     if task == "regression":
         return {"rmse": float(root_mean_squared_error(y, prediction))}

@@ -146,7 +146,7 @@ class JournalHeartbeat:
 
     def __enter__(self) -> JournalHeartbeat:
         if self._active:
-            self._storage.set_trial_system_attr(self._trial_id, ALIVE_ATTR, time.time())
+            self._mark()
             self._thread.start()
         return self
 
@@ -155,10 +155,14 @@ class JournalHeartbeat:
             self._stop.set()
             self._thread.join()
 
+    def _mark(self) -> None:
+        """One sign of life."""
+        self._storage.set_trial_system_attr(self._trial_id, ALIVE_ATTR, time.time())
+
     def _beat(self) -> None:
         while not self._stop.wait(self._interval):
             try:
-                self._storage.set_trial_system_attr(self._trial_id, ALIVE_ATTR, time.time())
+                self._mark()
             except Exception:  # noqa: BLE001 - the trial finished meanwhile; nothing left to mark
                 return
 
