@@ -108,15 +108,17 @@ class Budget:
 FULL = Budget(seeds=(0, 1, 2), ks=(1, 2, 3, 4), overrides={})
 #: the real vision and speech encoders (``--encoders``): 8 and 4 candidate layers, K = 1..3.
 ENCODERS_FULL = Budget(seeds=(0, 1, 2), ks=(1, 2, 3), overrides={}, datasets=ENCODER_DATASETS, georeg=False)
-#: the CI setting of the encoders: a few hundred images / clips, one seed, K=2, 2 epochs.
+#: the CI setting of the encoders: a few hundred images / clips, one seed, K=2, 2 epochs. The validation
+#: split must hold every class (10 digits): 12 of 120 images, and 10 of 50 clips at val_size 0.2.
 ENCODERS_REDUCED = Budget(seeds=(0,), ks=(2,), datasets=ENCODER_DATASETS, georeg=False, overrides={
     "mnist_5k": ("data.init_args.source.init_args.max_train_rows=120",
-                 "data.init_args.source.init_args.test_size=0.05", "trainer.max_epochs=2"),
-    "spoken_digits": ("data.init_args.source.init_args.max_train_rows=100", "trainer.max_epochs=2")})
-_SMALL_BBC = ("data.init_args.source.init_args.max_rows=300", "data.init_args.source.init_args.max_length=64",
+                 "data.init_args.source.init_args.test_size=0.02", "trainer.max_epochs=2"),
+    "spoken_digits": ("data.init_args.source.init_args.max_train_rows=50",
+                      "data.init_args.source.init_args.val_size=0.2", "trainer.max_epochs=2")})
+_SMALL_BBC = ("data.init_args.source.init_args.max_rows=150", "data.init_args.source.init_args.max_length=64",
               "trainer.max_epochs=2")
 REDUCED = Budget(seeds=(0,), ks=(2,), overrides={
-    "rotten_tomatoes": ("data.init_args.source.init_args.max_rows=400", "trainer.max_epochs=2"),
+    "rotten_tomatoes": ("data.init_args.source.init_args.max_rows=200", "trainer.max_epochs=2"),
     "bbc_news": _SMALL_BBC, "georeg": _SMALL_BBC})
 
 
@@ -309,7 +311,7 @@ def claim_rows(out: Path, *, reduced: bool, from_csv: bool = False, encoders: bo
 
     Args:
         out: output folder (created).
-        reduced: the CI setting (``REDUCED``: one seed, K=2, 300-400 rows, 2 epochs; about two
+        reduced: the CI setting (``REDUCED``: one seed, K=2, 150-200 rows, 2 epochs; about two
             minutes; every verdict ``inconclusive``) instead of ``FULL`` (3 seeds, K=1..4).
         from_csv: rebuild the rows from the CSVs an earlier run left under ``out`` (no training).
         encoders: the real vision and speech encoders (``ENCODERS_FULL``: EfficientNet-Lite0 on

@@ -106,10 +106,10 @@ FULL = Budget(seeds=(0, 1, 2), ranks=(1, 2, 4, 8, 16), sigmas=(0.1, 0.3, 1.0, 3.
               curve_rank=4, curve_sigma=0.3,
               max_rows={"churn": None, "wine": None, "digits": None})
 REDUCED = Budget(seeds=(0,), ranks=(1, 8), sigmas=(0.1, 3.0),
-                 grid_epochs={"churn": 1, "wine": 4, "digits": 1},
-                 curve_epochs={"churn": 2, "wine": 4, "digits": 2},
+                 grid_epochs={"churn": 1, "wine": 2, "digits": 1},
+                 curve_epochs={"churn": 2, "wine": 2, "digits": 2},
                  curve_rank=4, curve_sigma=0.3,
-                 max_rows={"churn": 800, "wine": None, "digits": 600})
+                 max_rows={"churn": 400, "wine": None, "digits": 300})
 
 
 # ------------------------------------------------------------------------------ runs
@@ -452,7 +452,7 @@ def claim_rows(out: Path, *, reduced: bool) -> list[ClaimRow]:
 
     Args:
         out: output folder (created).
-        reduced: the CI setting (``REDUCED``: one seed, a 2 x 2 grid, 1-4 epochs, churn and
+        reduced: the CI setting (``REDUCED``: one seed, a 2 x 2 grid, 1-2 epochs, churn and
             digits subsampled; about a minute; every verdict ``inconclusive``) instead of
             ``FULL`` (3 seeds, the 5 x 4 grid).
 
@@ -502,7 +502,7 @@ def write_report(grid: Sequence[dict[str, Any]], curves: Sequence[dict[str, Any]
               additive_gap_claim(curve_rows, means, budget, common)]
     if reduced:
         claims = [dataclasses.replace(c, verdict="inconclusive",
-                                      note=f"Reduced setting (one seed, 2 x 2 grid, 1-4 epochs): too small "
+                                      note=f"Reduced setting (one seed, 2 x 2 grid, 1-2 epochs): too small "
                                            f"to say; measured here: {c.verdict}. {c.note}")
                   for c in claims]
 

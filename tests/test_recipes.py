@@ -11,35 +11,42 @@ import yaml
 
 from ripieno.framework.cli import main
 
-RECIPES = sorted(p for p in Path("recipes").rglob("*.yaml")
-                 if p.parts[1] not in ("spaces", "benchmarks"))  # spaces: test_tune.py; benchmarks: test_benchmark.py
+# spaces: test_tune.py; benchmarks: test_benchmark.py
+RECIPES = sorted(p for p in Path("recipes").rglob("*.yaml") if p.parts[1] not in ("spaces", "benchmarks"))
 QUICK = ["--data.init_args.max_rows=600", "--trainer.enable_progress_bar=false",
          "--trainer.enable_model_summary=false"]
 QUICK_UQ = ["--data.init_args.max_train_rows=300", "--trainer.enable_progress_bar=false",
             "--trainer.enable_model_summary=false"]
 
 
-def _quick_layer_embeddings(config, tmp_path):
-    """A small source (its own max_rows) and a private feature cache."""
+def _quick_layer_embeddings(config):
+    """A small source (its own max_rows); the session's feature cache.
+
+    The real encoders' sources are cut as in ``experiments.claims_loes.ENCODERS_REDUCED`` (same rows, same
+    splits), so their embeddings are extracted once per session (``tests/test_claims_loes.py`` runs them too).
+    """
     args = config["data"]["init_args"]
     source = args["source"]
     init = dict(source.get("init_args") or {})
     init["max_rows" if source["class_path"].endswith("TextDataModule") else "max_train_rows"] = 120
     converted = (args.get("backbone") or {}).get("convert")
     if converted and source["class_path"].endswith("BackboneImageDataModule"):
-        init["test_size"] = 0.05  # a real ImageNet encoder at 224 px: keep the carved test split small
+        init["test_size"] = 0.02  # a real ImageNet encoder at 224 px: keep the carved test split small
+    if source["class_path"].endswith("AudioDataModule"):
+        # 30 s Whisper windows are costly: 50 clips, of which 10 validate (one per digit)
+        init.update(max_train_rows=50, val_size=0.2)
     out = [f"--data.init_args.source={json.dumps({'class_path': source['class_path'], 'init_args': init})}",
-           f"--data.init_args.cache.dir={tmp_path}/cache", "--data.init_args.progress=false",
+           "--data.init_args.progress=false",
            "--data.init_args.selection.scores_path=null", "--trainer.enable_progress_bar=false",
            "--trainer.enable_model_summary=false"]
-    return out  # generated and converted backbones and tokenizers go to the session's cache folder
+    return out  # backbones, tokenizers and embeddings go to the session's cache folder (conftest.py)
 
 
-def _quick(recipe, tmp_path):
+def _quick(recipe):
     config = yaml.safe_load(recipe.read_text())
     data = config["data"]["class_path"]
     if data.endswith("LayerEmbeddingDataModule"):
-        return _quick_layer_embeddings(config, tmp_path)
+        return _quick_layer_embeddings(config)
     if data.endswith("TeacherStudentDataModule"):
         return ["--data.init_args.n_inputs=50", "--trainer.enable_progress_bar=false",
                 "--trainer.enable_model_summary=false"]
@@ -70,7 +77,7 @@ def test_print_config_round_trips(recipe, capsys, tmp_path):
 @pytest.mark.parametrize("recipe", [p for p in RECIPES if "paper" not in p.parts], ids=lambda p: p.stem)
 def test_recipe_runs_fast_dev_run(recipe, tmp_path, capsys):
     main(["fit", "-c", str(recipe), "--trainer.fast_dev_run=2",
-          f"--trainer.default_root_dir={tmp_path}", "--trainer.logger=false", *_quick(recipe, tmp_path)])
+          f"--trainer.default_root_dir={tmp_path}", "--trainer.logger=false", *_quick(recipe)])
     out = capsys.readouterr().out
     assert "ripieno: test metrics" in out
     assert ("test/rmse" in out) or ("test/accuracy" in out)

@@ -350,6 +350,9 @@ def run_worker(
             tried.add(cell.key)
         try:
             value = run_cell(config, trial, cell, cache, heartbeat)
+        except (KeyboardInterrupt, SystemExit):  # Ctrl-C (Lightning turns it into SystemExit): rerun it
+            study.tell(trial, state=TrialState.FAIL)
+            raise
         except Exception:  # noqa: BLE001 - recorded on the trial (ripieno_error); the next cell runs
             study.tell(trial, state=TrialState.FAIL)
         else:
