@@ -191,6 +191,7 @@ class TabularDataModule(SplitDataModule):
         self._prediction_ids: tuple[str, list[Any]] | None = None
         self._official: np.ndarray | None = None
         self._table_splits: TableSplits | None = None
+        self._keep_table = False  # set by table_splits(): keep the raw rows while preparing
 
     @property
     def spec(self) -> TabularSpec:
@@ -355,6 +356,8 @@ class TabularDataModule(SplitDataModule):
             rows_t = torch.as_tensor(rows)
             self._splits[name] = TabularTensorDataset(x_num_t[rows_t], x_cat_t[rows_t], y_tensor[rows_t])
         self._prediction_ids = (hp.id_column or "row", [row_ids[i] for i in test_idx])
+        if not self._keep_table:  # only table_splits() asks for the raw rows: a fit keeps no copy
+            return
         features = frame[[*numeric, *categorical]]
         self._table_splits = TableSplits(
             task=task,
@@ -375,6 +378,9 @@ class TabularDataModule(SplitDataModule):
         Raises:
             TabularDataError: the datamodule serves a checkpoint's preprocessing (no training table).
         """
+        if self._table_splits is None and not self._keep_table:
+            self._keep_table = True
+            self._spec, self._splits = None, {}  # prepared without the raw rows: prepare again with them
         self.spec  # noqa: B018 - prepares on first use
         if self._table_splits is None:
             raise TabularDataError("table_splits needs the training table; this datamodule serves"

@@ -283,3 +283,17 @@ def test_benchmark_claim_rows_follow_ranks_and_wins():
     assert scaling.verdict == "not reproduced" and "chosen: [64]" in scaling.baseline
     assert params.verdict == "not reproduced" and "LoMETab / TabM = 3.00" in params.baseline
     assert {r.verdict for r in tuned_rows(tuned, "cmd", reduced=True, data="x")} == {"inconclusive"}
+
+
+def test_table_splits_are_the_datamodules_rows_and_a_fit_keeps_no_copy():
+    from ripieno.datamodules import TabularDataModule
+
+    datamodule = TabularDataModule(dataset="diamonds", max_rows=500)
+    datamodule.setup()
+    assert datamodule._table_splits is None  # an ordinary fit (and its DDP pickles) carries no raw copy
+    tables = datamodule.table_splits()
+    for split in ("train", "val", "test"):
+        assert np.allclose(tables.targets[split], datamodule._splits[split].y.numpy(), atol=1e-6)
+        assert len(tables.features[split]) == len(datamodule._splits[split])
+    assert set(tables.categorical) <= set(tables.features["train"].columns)
+    assert "price" not in tables.features["train"]  # the target is not a feature
