@@ -12,6 +12,7 @@ writes its tables under ``out`` and returns one :class:`ClaimRow` per claim it t
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from collections.abc import Sequence
@@ -138,3 +139,17 @@ def by_outcome(outcomes: dict[str, str]) -> str:
         if names:
             parts.append(f"{text}: {', '.join(names)}")
     return "; ".join(parts)
+
+
+def claims_table(rows: Sequence[ClaimRow]) -> str:
+    """The markdown table an experiment writes as its ``claims.md`` (read by ``claims --collect``).
+
+    >>> text = claims_table([ClaimRow("M", "c", "d", "r", "o", "b", "0", "cmd", "inconclusive")])
+    >>> text.splitlines()[2]
+    '| M | c | d | r | o | b | 0 | cmd | inconclusive |  |'
+    """
+    fields = [f.name for f in dataclasses.fields(ClaimRow)]
+    lines = ["| " + " | ".join(fields) + " |", "|" + "---|" * len(fields)]
+    lines += ["| " + " | ".join(str(getattr(row, f)).replace("|", "/") for f in fields) + " |"
+              for row in rows]
+    return "\n".join(lines) + "\n"

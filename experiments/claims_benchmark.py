@@ -30,14 +30,13 @@ Example (continues a stopped benchmark; about 3 hours on 2 CPU cores from scratc
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import time
 from pathlib import Path
 
 import pandas as pd
 
-from experiments.claim_rows import ClaimRow, Verdict
+from experiments.claim_rows import ClaimRow, Verdict, claims_table
 from experiments.runs import results_dir
 from ripieno.framework.cli.benchmark.report import compare, overall, summary
 from ripieno.framework.cli.main import main as ripieno_main
@@ -207,13 +206,7 @@ def claim_rows(out: Path, *, reduced: bool) -> list[ClaimRow]:
     rows = default_rows(default, command, reduced, data_default) + tuned_rows(
         tuned, command, reduced, data_tuned
     )
-    frame = pd.DataFrame([dataclasses.asdict(c) for c in rows])
-    lines = ["| " + " | ".join(frame.columns) + " |", "|" + "---|" * len(frame.columns)]
-    lines += [
-        "| " + " | ".join(str(v).replace("|", "/") for v in row) + " |"
-        for row in frame.itertuples(index=False)
-    ]
-    (out / "claims.md").write_text("\n".join(lines) + "\n")
+    (out / "claims.md").write_text(claims_table(rows))
     (out / "settings.json").write_text(
         json.dumps(
             {"reduced": reduced, "command": command, "wall_seconds": round(time.perf_counter() - start, 1)}

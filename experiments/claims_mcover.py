@@ -54,7 +54,7 @@ from typing import Any
 import pandas as pd
 
 from experiments import mcover_seeds, perceptron_alpha
-from experiments.claim_rows import ClaimRow, by_outcome, compare, mean_std, verdict
+from experiments.claim_rows import ClaimRow, by_outcome, claims_table, compare, mean_std, verdict
 from experiments.runs import results_dir
 
 RULES = mcover_seeds.RULES
@@ -224,11 +224,7 @@ def claim_rows(out: Path, *, reduced: bool) -> list[ClaimRow]:
     rows = perceptron_alpha.main([*budget.perceptron, "--workers", "1", "--out", str(out / "perceptron")])
     claims += perceptron_rows(rows, budget, reduced, command)
     seconds["perceptron"] = round(time.perf_counter() - begin, 1)
-    frame = pd.DataFrame([dataclasses.asdict(c) for c in claims])
-    lines = ["| " + " | ".join(frame.columns) + " |", "|" + "---|" * len(frame.columns)]
-    lines += ["| " + " | ".join(str(v).replace("|", "/") for v in row) + " |"
-              for row in frame.itertuples(index=False)]
-    (out / "claims.md").write_text("\n".join(lines) + "\n")
+    (out / "claims.md").write_text(claims_table(claims))
     settings = {"budget": dataclasses.asdict(budget), "reduced": reduced, "seconds": seconds,
                 "wall_seconds": round(time.perf_counter() - start, 1), "command": command}
     (out / "settings.json").write_text(json.dumps(settings, indent=2) + "\n")

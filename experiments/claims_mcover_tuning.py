@@ -43,7 +43,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from experiments.claim_rows import ClaimRow, compare, mean_std, verdict
+from experiments.claim_rows import ClaimRow, claims_table, compare, mean_std, verdict
 from experiments.runs import make_cli, quiet_lightning, results_dir
 from ripieno.framework.cli.main import main as ripieno_main
 
@@ -217,11 +217,7 @@ def claim_rows(out: Path, *, reduced: bool, only: tuple[str, ...] = ()) -> list[
         claims.append(target_row(name, target, out, reduced, command))
         seconds[name] = round(time.perf_counter() - begin, 1)
     claims += kept
-    frame = pd.DataFrame([dataclasses.asdict(c) for c in claims])
-    lines = ["| " + " | ".join(frame.columns) + " |", "|" + "---|" * len(frame.columns)]
-    lines += ["| " + " | ".join(str(v).replace("|", "/") for v in row) + " |"
-              for row in frame.itertuples(index=False)]
-    (out / "claims.md").write_text("\n".join(lines) + "\n")
+    (out / "claims.md").write_text(claims_table(claims))
     settings = {"targets": {k: dataclasses.asdict(v) for k, v in targets.items()}, "reduced": reduced,
                 "seconds": seconds, "wall_seconds": round(time.perf_counter() - start, 1), "command": command}
     (out / "settings.json").write_text(json.dumps(settings, indent=2) + "\n")

@@ -172,13 +172,27 @@ def test_every_model_runs_on_a_users_csv_with_a_category_and_missing_values(tmp_
                    "lightgbm": {"kind": "lightgbm", "params": {"n_estimators": 20}},
                    "catboost": {"kind": "catboost", "params": {"iterations": 20}}},
     })
+    import hashlib
+
+    before = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in tmp_path.iterdir() if p.is_file()}
     main(["benchmark", "-c", str(config), "--out", str(tmp_path / "out")])
+    after = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in tmp_path.iterdir() if p.is_file()}
+    assert after == before  # the user's table and benchmark file are read, never written
     results = pd.read_csv(tmp_path / "out" / "results.csv")
     assert sorted(results["model"]) == sorted(["lometab", "tabm", "tabm_mini", "mlp", "additive", "xgboost",
                                                "lightgbm", "catboost"])
     assert (results["state"] == "COMPLETE").all() and results["test_accuracy"].between(0, 1).all()
     assert results.loc[results["model"] == "mlp", "n_parameters"].iloc[0] < \
         results.loc[results["model"] == "tabm", "n_parameters"].iloc[0]
+
+
+def test_an_output_folder_of_other_files_is_refused_before_any_fit(tmp_path):
+    config, out = _tiny_config(tmp_path), tmp_path / "out"
+    out.mkdir()
+    (out / "results.csv").write_text("mine\n")
+    with pytest.raises(SystemExit, match="holds other files and no benchmark store"):
+        main(["benchmark", "-c", str(config), "--out", str(out)])
+    assert (out / "results.csv").read_text() == "mine\n" and not (out / "benchmark.db").exists()
 
 
 def test_a_base_file_that_leads_back_to_itself_is_one_line(tmp_path):

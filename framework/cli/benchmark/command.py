@@ -90,6 +90,11 @@ def _benchmark(argv: list[str]) -> None:
     except RipienoInputError as error:
         raise SystemExit(f"ripieno: error: {str(error).splitlines()[0]}") from None
     out = options.out or OUT_ROOT / config.name
+    if not options.storage and out.is_dir() and any(out.iterdir()) and not (out / "benchmark.db").is_file():
+        raise SystemExit(
+            f"ripieno: error: --out {out} holds other files and no benchmark store; name an empty or new"
+            " folder (ripieno benchmark writes results.csv and report.md there)."
+        )
     url = (
         storage_url(options.storage, out)
         if options.storage
