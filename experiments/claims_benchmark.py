@@ -37,7 +37,7 @@ from pathlib import Path
 import pandas as pd
 
 from experiments.claim_rows import ClaimRow, Verdict, claims_table
-from experiments.runs import results_dir
+from experiments.runs import results_dir, write_text
 from ripieno.framework.cli.benchmark.report import compare, overall, summary
 from ripieno.framework.cli.main import main as ripieno_main
 
@@ -195,7 +195,7 @@ def claim_rows(out: Path, *, reduced: bool) -> list[ClaimRow]:
     if reduced:
         default = run("benchmarks/tabular_ci", out / "default")
         tiny = out / "tuned.yaml"
-        tiny.write_text(TUNED_CI)
+        write_text(tiny, TUNED_CI)
         tuned = run(str(tiny), out / "tuned")
         data_default = data_tuned = "benchmarks/tabular_ci (2 tables, reduced)"
     else:
@@ -206,8 +206,8 @@ def claim_rows(out: Path, *, reduced: bool) -> list[ClaimRow]:
     rows = default_rows(default, command, reduced, data_default) + tuned_rows(
         tuned, command, reduced, data_tuned
     )
-    (out / "claims.md").write_text(claims_table(rows))
-    (out / "settings.json").write_text(
+    write_text(out / "claims.md", claims_table(rows))
+    write_text(out / "settings.json",
         json.dumps(
             {"reduced": reduced, "command": command, "wall_seconds": round(time.perf_counter() - start, 1)}
         )

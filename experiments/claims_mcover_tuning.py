@@ -44,7 +44,7 @@ import pandas as pd
 import yaml
 
 from experiments.claim_rows import ClaimRow, claims_table, compare, mean_std, verdict
-from experiments.runs import make_cli, quiet_lightning, results_dir
+from experiments.runs import make_cli, quiet_lightning, results_dir, write_text
 from ripieno.framework.cli.main import main as ripieno_main
 
 SIGMA_KEY, MU_KEY, KERNEL_KEY = "model.init_args.sigma", "model.init_args.mu", "model.init_args.kernel"
@@ -217,10 +217,10 @@ def claim_rows(out: Path, *, reduced: bool, only: tuple[str, ...] = ()) -> list[
         claims.append(target_row(name, target, out, reduced, command))
         seconds[name] = round(time.perf_counter() - begin, 1)
     claims += kept
-    (out / "claims.md").write_text(claims_table(claims))
+    write_text(out / "claims.md", claims_table(claims))
     settings = {"targets": {k: dataclasses.asdict(v) for k, v in targets.items()}, "reduced": reduced,
                 "seconds": seconds, "wall_seconds": round(time.perf_counter() - start, 1), "command": command}
-    (out / "settings.json").write_text(json.dumps(settings, indent=2) + "\n")
+    write_text(out / "settings.json", json.dumps(settings, indent=2) + "\n")
     return claims
 
 

@@ -38,6 +38,7 @@ from ripieno.callbacks.diversity_monitor import DiversityMonitor
 from ripieno.framework.cli.command import RipienoCLI, quiet_cli_notices
 from ripieno.framework.cli.recipes import RecipeNotFoundError, find_recipe
 from ripieno.framework.messages import quiet_lightning as framework_quiet_lightning
+from ripieno.framework.outputs.output_files import atomic_output
 
 TaskFamily = Literal["classification", "regression"]
 
@@ -381,6 +382,21 @@ def _require(metrics: dict[str, float], key: str) -> float:
     if key not in metrics:
         raise KeyError(f"Metric {key!r} was not logged; logged: {sorted(metrics)}.")
     return metrics[key]
+
+
+def write_text(path: str | Path, text: str) -> Path:
+    """Write ``text`` to ``path`` atomically (a temporary file beside it, then a rename).
+
+    Args:
+        path: the file (its folder is created).
+        text: the whole content.
+
+    Returns:
+        ``path``.
+    """
+    with atomic_output(path, "w") as handle:
+        handle.write(text)
+    return Path(path)
 
 
 def write_csv(path: str | Path, rows: Sequence[dict[str, Any]]) -> Path:
