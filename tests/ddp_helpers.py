@@ -1,9 +1,9 @@
 """Shared pieces of the ddp_spawn tests (importable from the workers: tests/ is on sys.path)."""
 
-import atexit
-
 import lightning as L
 import torch
+
+from ripieno.framework.cli.process_group_exit import close_process_group_at_exit
 
 
 class DestroyGlooAtExit(L.Callback):
@@ -12,13 +12,14 @@ class DestroyGlooAtExit(L.Callback):
     Lightning destroys the process group at exit only for nccl; left to garbage collection
     at interpreter shutdown, gloo's threads sometimes abort a worker ("terminate called
     without an active exception"): 2 of 12 reruns of the GeoReg ddp test before this, 0 of
-    10 after. Add it to every ``ddp_spawn`` Trainer in the tests.
+    10 after. Add it to every ``ddp_spawn`` Trainer in the tests; the ``ripieno`` command's
+    own launcher closes the group itself (``framework/cli/process_group_exit.py``).
     """
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         """Register the process group's destruction for this worker's exit."""
         if torch.distributed.is_initialized():
-            atexit.register(torch.distributed.destroy_process_group)
+            close_process_group_at_exit()
 
 
 class CountingCNN(torch.nn.Module):

@@ -67,6 +67,7 @@ from ripieno.framework.cli.config_errors import ConfigError, explain_config_erro
 from ripieno.framework.cli.monitor_check import FirstValidationCheck, check_monitors
 from ripieno.framework.cli.nested_nulls import nest_null_overrides
 from ripieno.framework.cli.optimizer_config import Interval, attach_optimizer_config
+from ripieno.framework.cli.process_group_exit import close_process_group_at_exit
 from ripieno.framework.cli.recipes import find_recipe, list_recipes
 from ripieno.framework.cli.resume_check import section_hparams
 from ripieno.framework.cli.run_folders import (
@@ -340,14 +341,13 @@ class RipienoCLI(LightningCLI):
         if self.subcommand == "fit":
             check_monitors(self.model, self.trainer.callbacks)
             self.trainer.callbacks.append(FirstValidationCheck())
+        # A spawned fit (ddp_spawn) hands its progress and checkpoint paths back to this process,
+        # so the test after fit continues from them; spawned workers close their process group.
+        keep_spawned_results(self.trainer)
+        close_process_group_at_exit()  # this process's group, under a launcher that reruns the command (ddp)
 
     def before_fit(self) -> None:
-        """Add a TensorBoard logger writing into the CSV logger's folder, when installed.
-
-        A spawned fit (``ddp_spawn``) hands its progress and checkpoint paths back to this
-        process (``ResultsKeepingLauncher``), so the test after fit continues from them.
-        """
-        keep_spawned_results(self.trainer)
+        """Add a TensorBoard logger writing into the CSV logger's folder, when installed."""
         config = self.config.get(self.subcommand, self.config)
         if not config.get("tensorboard", True) or importlib.util.find_spec("tensorboard") is None:
             return

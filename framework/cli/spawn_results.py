@@ -7,6 +7,9 @@ test after fit logged its row at step 0 instead of after the fit's last step, an
 summary had no ``last`` line. ``ResultsKeepingLauncher`` also hands back the fit loop's
 progress and every ``ModelCheckpoint``'s state (best and last paths, scores, folder), so the
 main process continues exactly where the workers stopped, as a one-process run does.
+
+Each worker also closes its process group when its work is done (``process_group_exit``), so
+a finished run is not reported as failed because gloo aborted a worker at exit.
 """
 
 from __future__ import annotations
@@ -21,11 +24,21 @@ from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcess
 from lightning.pytorch.trainer.states import TrainerFn
 from typing_extensions import override
 
+from ripieno.framework.cli.process_group_exit import close_process_group
+
 _KEY = "ripieno_fit_state"
 
 
 class ResultsKeepingLauncher(_MultiProcessingLauncher):
-    """Lightning's multiprocessing launcher that also returns the fit's progress and checkpoint state."""
+    """Lightning's multiprocessing launcher that also returns the fit's progress and checkpoint state.
+
+    Its workers close their process group after the work, before the process exits.
+    """
+
+    @override
+    def _wrapping_function(self, process_idx: int, *args: Any, **kwargs: Any) -> None:
+        super()._wrapping_function(process_idx, *args, **kwargs)
+        close_process_group()  # reached only when the work succeeded on this rank
 
     @override
     def get_extra_results(self, trainer: L.Trainer) -> dict[str, Any]:
