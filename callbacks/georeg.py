@@ -24,6 +24,14 @@ with the square of the embedding's scale and one random triangle is a noisy sign
 Logged each epoch (``train``, ``val`` and ``test``), over the epoch's embeddings (per
 rank, averaged across ranks): ``georeg/<stage>/isotropy`` and
 ``georeg/<stage>/centroid_log_volume``. With ``weight=0`` the callback only measures.
+
+On an accelerator nothing here makes the host wait during a training step, when the number of
+classes is known (``n_classes``, or the module's ``n_classes``): the volume term has fixed
+shapes (``centroid_log_volume_of_present_classes``), and the epoch's measures are running sums
+kept on the device (``EpochGeometry``), read once per epoch. Without ``n_classes`` the term
+finds the batch's classes with ``torch.unique`` and the epoch's embeddings are kept on the
+host, one read per step. The ``reference`` variant draws its random class triangle on the host,
+as the public code does, so it reads the batch's classes every step.
 """
 
 from __future__ import annotations
@@ -37,7 +45,9 @@ from torch import Tensor
 from typing_extensions import override
 
 from ripieno.framework.loes.geometry_loss import (
+    EpochGeometry,
     centroid_log_volume,
+    centroid_log_volume_of_present_classes,
     reference_georeg_terms,
     spectral_imbalance,
 )
@@ -60,12 +70,14 @@ class GeoReg(Callback):
         normalize: ``ripieno`` only: L2-normalise embeddings before both terms (default True).
         variant: ``ripieno`` (ours, default) or ``reference`` (the public GeoReg loss).
         seed: ``reference`` only: seed of the random class triangles.
+        n_classes: Number of classes; ``None`` takes the module's ``n_classes`` (see the module
+            notes: without either, each training step reads the batch's classes on the host).
     """
 
     def __init__(self, weight: float = 0.1, spectral_weight: float | None = None,
                  volume_weight: float | None = None, feature_key: str = "features", target_key: str = "y",
                  normalize: bool | None = None, variant: Literal["ripieno", "reference"] = "ripieno",
-                 seed: int = 0) -> None:
+                 seed: int = 0, n_classes: int | None = None) -> None:
         super().__init__()
         if variant not in ("ripieno", "reference"):
             raise ValueError(f"GeoReg variant must be 'ripieno' or 'reference', got {variant!r}.")
@@ -85,7 +97,10 @@ class GeoReg(Callback):
         self.normalize = True if normalize is None else normalize
         self.variant, self.seed = variant, seed
         self._generator = torch.Generator().manual_seed(seed)
+        self.n_classes = n_classes
+        self._classes: int | None = n_classes  # resolved in setup
         self._epoch: dict[str, tuple[list[Tensor], list[Tensor]]] = {}
+        self._epoch_sums: dict[str, EpochGeometry] = {}
         self.history: list[dict[str, float]] = []
 
     @property
@@ -122,6 +137,9 @@ class GeoReg(Callback):
                            " registered_loss_terms(...) to the training loss")
         pl_module.remove_loss_term("georeg")
         pl_module.register_loss_term("georeg", self._term)
+        if self.n_classes is None:
+            classes = getattr(pl_module, "n_classes", None)
+            self._classes = int(classes) if isinstance(classes, int) and classes >= 2 else None
 
     @override
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -140,12 +158,19 @@ class GeoReg(Callback):
                 variance, log_area = reference_georeg_terms(z, y, self._generator)
                 return self.weight * (variance - log_area)
             total = self.spectral_weight * spectral_imbalance(z, self.normalize)
-            if len(torch.unique(y)) >= 2 and self.volume_weight > 0:
+            if self.volume_weight > 0 and self._classes is not None:  # 0 below two classes, no host read
+                total = total - self.volume_weight * centroid_log_volume_of_present_classes(
+                    z, y, self._classes, self.normalize)
+            elif self.volume_weight > 0 and len(torch.unique(y)) >= 2:
                 total = total - self.volume_weight * centroid_log_volume(z, y, self.normalize)
         return self.weight * total
 
     def _collect(self, stage: str, outputs: Any, batch: Any) -> None:  # noqa: ANN401
-        if isinstance(outputs, dict) and self.feature_key in outputs:
+        if isinstance(outputs, dict) and self.feature_key in outputs and self._classes is not None:
+            if stage not in self._epoch_sums:
+                self._epoch_sums[stage] = EpochGeometry(self._classes, self.normalize)
+            self._epoch_sums[stage].add(outputs[self.feature_key], batch[self.target_key])
+        elif isinstance(outputs, dict) and self.feature_key in outputs:
             store = self._epoch.setdefault(stage, ([], []))
             store[0].append(outputs[self.feature_key].detach().float().cpu())
             store[1].append(batch[self.target_key].detach().cpu())
@@ -161,14 +186,20 @@ class GeoReg(Callback):
         self._collect("val", outputs, batch)
 
     def _log_epoch(self, stage: str, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        sums = self._epoch_sums.pop(stage, None)
         z_parts, y_parts = self._epoch.pop(stage, ([], []))
-        if not z_parts or trainer.sanity_checking:
+        if trainer.sanity_checking or (sums is None and not z_parts):
             return
-        z, y = torch.cat(z_parts), torch.cat(y_parts)
-        values = {"isotropy": float(batch_isotropy(z, self.normalize))}
-        valid = y >= 0
-        if len(torch.unique(y[valid])) >= 2:
-            values["centroid_log_volume"] = float(centroid_log_volume(z[valid], y[valid], self.normalize))
+        if sums is not None:
+            values = sums.values()
+            if not values:
+                return
+        else:
+            z, y = torch.cat(z_parts), torch.cat(y_parts)
+            values = {"isotropy": float(batch_isotropy(z, self.normalize))}
+            valid = y >= 0
+            if len(torch.unique(y[valid])) >= 2:
+                values["centroid_log_volume"] = float(centroid_log_volume(z[valid], y[valid], self.normalize))
         for name, value in values.items():
             pl_module.log(f"georeg/{stage}/{name}", value, sync_dist=True)
         self.history.append({"stage": stage, "epoch": trainer.current_epoch, **values})

@@ -145,6 +145,9 @@ class SWAGSampler(PosteriorPredictiveCallback):
         self._start_epoch: int | None = None
         self.variance: Tensor | None = None
         self._draws: Tensor | None = None
+        # the draws as parameter dicts on the module's device, made once (not copied every batch)
+        self._on_device: tuple[Tensor, tuple[tuple[torch.device, torch.dtype], ...],
+                               list[dict[str, Tensor]]] | None = None
 
     @property
     @override
@@ -226,7 +229,7 @@ class SWAGSampler(PosteriorPredictiveCallback):
         self._sq_mean += (theta.square() - self._sq_mean) / self.n_models
         if self.max_rank > 0:
             self._deviations.append((theta - self.mean).float())
-        self.variance, self._draws, self.prepared = None, None, False
+        self.variance, self._draws, self._on_device, self.prepared = None, None, None, False
 
     # -------------------------------------------------------------------- hooks
     @override
@@ -251,7 +254,7 @@ class SWAGSampler(PosteriorPredictiveCallback):
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.variance, self._draws, self.prepared = None, None, False
+        self.variance, self._draws, self._on_device, self.prepared = None, None, None, False
         self._deviations = deque(maxlen=self.max_rank)
         if state_dict.get("n_models", 0) == 0:
             self._names, self._shapes, self._averaged, self._sq_mean = None, [], None, None
@@ -296,7 +299,7 @@ class SWAGSampler(PosteriorPredictiveCallback):
         if [n for n, _ in named] != self._names or [p.shape for _, p in named] != self._shapes:
             raise RuntimeError("The module's trainable parameters differ from those SWAG collected.")
         self.variance = torch.clamp(self.sq_mean - self.mean.square(), min=self.var_clamp)
-        self._draws = None
+        self._draws, self._on_device = None, None
         self.likelihood = self.resolve_likelihood(pl_module)
         if self.likelihood == "regression":  # the residuals of the network at the SWA mean
             at_mean = _FunctionalModule(pl_module, self._unflatten(self.mean, pl_module))
@@ -329,17 +332,24 @@ class SWAGSampler(PosteriorPredictiveCallback):
             self._draws = torch.stack(draws)
         return self._draws
 
+    def _parameter_sets(self, pl_module: nn.Module) -> list[dict[str, Tensor]]:
+        """The S draws as parameter dicts on the module's devices and dtypes, made once per draw."""
+        draws = self.sample_parameters()
+        placement = tuple((p.device, p.dtype) for _, p in self._trainable(pl_module))
+        if self._on_device is None or self._on_device[0] is not draws or self._on_device[1] != placement:
+            self._on_device = (draws, placement, [self._unflatten(theta, pl_module) for theta in draws])
+        return self._on_device[2]
+
     @torch.no_grad()
     def sample(self, pl_module: L.LightningModule, batch: Any) -> torch.Tensor:  # noqa: ANN401
         """Forward passes at the S sampled parameter vectors, in eval mode, ``(B, S, C)``."""
-        draws = self.sample_parameters()
+        parameter_sets = self._parameter_sets(pl_module)
         inputs = self.input_fn(pl_module)(batch)
         args = inputs if isinstance(inputs, tuple) else (inputs,)
         modes = [(m, m.training) for m in pl_module.modules()]
         pl_module.eval()
         try:
-            outs = [functional_call(pl_module, self._unflatten(theta, pl_module), args).float()
-                    for theta in draws]
+            outs = [functional_call(pl_module, parameters, args).float() for parameters in parameter_sets]
         finally:
             for m, flag in modes:
                 m.train(flag)

@@ -262,8 +262,13 @@ class TemperatureScaling(Callback):
         with torch.autocast(x.device.type, enabled=False):
             return member_log_probs(x, kind)  # type: ignore[arg-type]
 
-    def _read(self, stage: str, outputs: Any) -> tuple[Tensor, Tensor]:  # noqa: ANN401
-        """Labelled rows of a step's output: log-probabilities ``(B, M, C)`` and targets ``(B,)``."""
+    def _read(self, stage: str, outputs: Any, labelled_only: bool = True) -> tuple[Tensor, Tensor]:  # noqa: ANN401
+        """Labelled rows of a step's output: log-probabilities ``(B, M, C)`` and targets ``(B,)``.
+
+        With ``labelled_only=False`` every row is kept (unlabelled ones as ``-1``) and the labels
+        are not read on the host: validation batches stay on the device, and the epoch's rows are
+        filtered and checked once, at its end (``_labelled``).
+        """
         if not isinstance(outputs, dict) or self.output_key not in outputs or self.target_key not in outputs:
             got = (f"a dict with keys {sorted(outputs)}" if isinstance(outputs, dict)
                    else type(outputs).__name__)
@@ -277,6 +282,13 @@ class TemperatureScaling(Callback):
         if target.ndim != 1 or target.shape[0] != log_probs.shape[0] or target.is_floating_point():
             raise ValueError(f"Expected integer class labels shaped ({log_probs.shape[0]},) under"
                              f" {self.target_key!r}, got {target.dtype} shaped {tuple(target.shape)}.")
+        if not labelled_only:
+            return log_probs, target.long()
+        return self._labelled(log_probs, target)
+
+    @staticmethod
+    def _labelled(log_probs: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
+        """The rows with a label (``>= 0``), after checking that every label is a class."""
         keep = target >= 0
         log_probs, target = log_probs[keep], target[keep].long()
         if target.numel() and int(target.max()) >= log_probs.shape[-1]:
@@ -326,8 +338,8 @@ class TemperatureScaling(Callback):
     @override
     def on_validation_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any,  # noqa: ANN401
                                 batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:  # noqa: ANN401
-        if not trainer.sanity_checking:
-            self._val.append(self._read("validation", outputs))
+        if not trainer.sanity_checking:  # kept on the device; filtered once at the epoch's end
+            self._val.append(self._read("validation", outputs, labelled_only=False))
 
     def _gathered(self, trainer: L.Trainer) -> tuple[Tensor, Tensor]:
         """This epoch's validation rows of every rank (collective under DDP)."""
@@ -350,7 +362,7 @@ class TemperatureScaling(Callback):
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.sanity_checking:
             return
-        log_probs, target = self._gathered(trainer)
+        log_probs, target = self._labelled(*self._gathered(trainer))
         if target.numel() == 0:
             rank_zero_warn("TemperatureScaling: no labelled validation rows in this epoch; the temperature"
                            f" stays {self.temperature}.")

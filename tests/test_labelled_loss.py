@@ -65,3 +65,39 @@ def test_a_batch_without_labels_has_no_loss_in_evaluation_and_a_zero_in_training
     assert "loss" not in model.step(batch, "val")
     loss = model.step(batch, "train")["loss"]
     assert float(loss.detach()) == 0.0 and loss.requires_grad
+
+
+@pytest.mark.parametrize("kind, n_classes", [("logits", 3), ("binary_logits", 2)])
+@pytest.mark.parametrize("labels", [[0, 1, -1, 1, -1, 0], [1, 0, 1, 1, 0, 0], [-1] * 6])
+def test_the_training_loss_needs_no_host_read_and_equals_the_loss_of_the_labelled_rows(kind, n_classes, labels):
+    """Training weighs rows on the device; the oracle is the member loss of the labelled rows alone."""
+    from ripieno.framework.host_syncs import HostSyncCounter
+    from ripieno.framework.methods.member_module import MemberModule
+
+    module = MemberModule()
+    module.init_members(kind, n_classes)
+    width = 1 if kind == "binary_logits" else n_classes
+    outputs = torch.randn(6, 4, width, generator=torch.Generator().manual_seed(3), requires_grad=True)
+    y = torch.tensor(labels)
+    with HostSyncCounter() as syncs:
+        loss = module.labelled_loss(outputs, y, "train")
+    assert len(syncs) == 0
+    kept = y >= 0
+    if kept.any():
+        expected = module.member_loss(outputs[kept], y[kept])
+        assert torch.allclose(loss, expected, rtol=1e-6, atol=1e-7)
+        assert torch.allclose(module.labelled_loss(outputs, y, "val"), expected, rtol=1e-6, atol=1e-7)
+    else:
+        assert loss.item() == 0.0 and module.labelled_loss(outputs, y, "val") is None
+    loss.backward()  # the graph is kept, and unlabelled rows get no gradient
+    assert outputs.grad is not None and torch.all(outputs.grad[~kept] == 0)
+
+
+def test_mcover_copy_loss_weighs_rows_like_the_masked_sum_over_copies():
+    from ripieno.framework.mcover.routed_mlp import copy_cross_entropy
+
+    logits = torch.randn(5, 3, 4, generator=torch.Generator().manual_seed(4))
+    y = torch.tensor([2, -1, 0, 3, -1])
+    kept = y >= 0
+    weighted = copy_cross_entropy(logits, y.clamp_min(0), kept.float())
+    assert torch.allclose(weighted, copy_cross_entropy(logits[kept], y[kept]), rtol=1e-6)

@@ -159,3 +159,28 @@ def _ddp_run(root: str) -> None:
 
 if __name__ == "__main__":
     _ddp_run(sys.argv[1])
+
+
+def test_a_deferred_check_reads_the_loss_once_per_interval_and_names_the_first_bad_step(tmp_path: Path) -> None:
+    """As on an accelerator: the loss check waits on the device, the NaN step's gradients are zeroed."""
+    from ripieno.framework.host_syncs import HostSyncCounter
+
+    model = Regression(nan_step=5)  # 4 batches an epoch: step 5 is epoch 1, batch 1
+    guard = NonFiniteGuard(check_every_n_steps=50, metrics="monitored", check_checkpoints=False)
+    with HostSyncCounter(only_from=[HERE.parents[1] / "callbacks"]) as syncs:
+        with pytest.raises(NonFiniteTrainingError, match=r"the training loss is nan at global step 5 \(epoch 1,"
+                           r" batch 1\); that step and the ones after it updated with zero gradients"):
+            _trainer(tmp_path, guard, limit_val_batches=0).fit(model, _loader())
+    # read at the end of epoch 0 (the step) and of epoch 1 (the step and the value): not at every step
+    assert [s.call for s in syncs.calls] == ["Tensor.item", "Tensor.item", "Tensor.item"]
+    assert torch.isfinite(model.net.weight).all()
+    # plain SGD: step 5's zeroed NaN gradients left the weights as it found them; steps 6 and 7 trained
+    assert torch.equal(model.weights_seen[5], model.weights_seen[6])
+    assert not torch.equal(model.weights_seen[6], model.weights_seen[7])
+
+
+def test_auto_reads_every_step_on_cpu_and_a_bad_interval_is_one_line() -> None:
+    with pytest.raises(ValueError, match="check_every_n_steps must be 'auto' or an int >= 1, got 0"):
+        NonFiniteGuard(check_every_n_steps=0)
+    guard = NonFiniteGuard()
+    assert guard._every(L.Trainer(accelerator="cpu", logger=False)) == 1

@@ -72,10 +72,11 @@ def rng_untouched() -> Iterator[None]:
                 generator.manual_seed(generator.initial_seed())
 
 
-def _frame_mask(model: nn.Module, mask: Tensor | None, length: int, batch: int) -> Tensor:
-    """A ``(B, T)`` mask over the hidden states' ``T`` positions."""
+def _frame_mask(model: nn.Module, mask: Tensor | None, length: int, batch: int,
+                device: torch.device | None = None) -> Tensor:
+    """A ``(B, T)`` mask over the hidden states' ``T`` positions (made on ``device`` when there is none)."""
     if mask is None:
-        return torch.ones(batch, length, dtype=torch.long)
+        return torch.ones(batch, length, dtype=torch.long, device=device)
     if mask.shape[1] == length:
         return mask
     to_frames = getattr(model, "_get_feature_vector_attention_mask", None)  # wav2vec2 family
@@ -345,7 +346,7 @@ def extract_layer_embeddings(
         masks: dict[int, Tensor] = {}  # by length: a CNN's maps have one length per stage
         for h in states:
             if h.shape[1] not in masks:  # the attention mask is a model input or not
-                masks[h.shape[1]] = _frame_mask(model, batch.get("attention_mask"), h.shape[1], b)
+                masks[h.shape[1]] = _frame_mask(model, batch.get("attention_mask"), h.shape[1], b, h.device)
         pooled = [pool(h, masks[h.shape[1]], pooling).float().cpu() for h in states]
         if not layers:
             layers = [[] for _ in pooled]

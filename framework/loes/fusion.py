@@ -145,7 +145,8 @@ class FusionClassifier(MemberModule):
         pooled = []
         for i in self.spec.selected_layers:  # one mask per length: a CNN's stages differ
             b, t = states[i].shape[:2]
-            mask = _frame_mask(self.backbone, batch.get("attention_mask"), t, b)  # a model input or not
+            # a model input or not; made on the states' device, never copied from the host each step
+            mask = _frame_mask(self.backbone, batch.get("attention_mask"), t, b, states[i].device)
             pooled.append(pool(states[i], mask, self.spec.pooling))
         return stack_padded(pooled)[0]
 

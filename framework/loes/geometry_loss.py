@@ -68,6 +68,114 @@ def centroid_log_volume(z: Tensor, y: Tensor, normalize: bool = True, eps: float
     return 0.5 * torch.logdet(gram + eps * eye) - math.lgamma(k1 + 1)
 
 
+def centroid_log_volume_of_present_classes(z: Tensor, y: Tensor, n_classes: int, normalize: bool = True,
+                                           eps: float = 1e-6) -> Tensor:
+    """``centroid_log_volume`` over the classes present in the batch, without a host read.
+
+    The same value, computed with shapes that do not depend on the labels' values, so an
+    accelerator never waits for the host: the ``n_classes`` centroids come from one one-hot
+    product, and the Gram matrix of the edges keeps the present classes' block and an
+    identity elsewhere (``det`` of the whole is ``det`` of that block). Rows labelled below 0
+    (unlabelled) are left out. With fewer than two present classes it is 0 (the term is off),
+    where ``centroid_log_volume`` raises.
+
+    Example:
+        >>> g = torch.Generator().manual_seed(0)
+        >>> z, y = torch.randn(12, 5, generator=g), torch.tensor([0, 2, 2, 0, 3, 3, 0, 2, 3, 0, 2, 3])
+        >>> dense = centroid_log_volume_of_present_classes(z, y, n_classes=5)
+        >>> bool(torch.allclose(dense, centroid_log_volume(z, y), atol=1e-5))
+        True
+        >>> float(centroid_log_volume_of_present_classes(z, torch.zeros(12, dtype=torch.long), 5))
+        0.0
+    """
+    z = _prepare(z, normalize)
+    labelled = (y >= 0).to(z.dtype)
+    one_hot = torch.zeros(z.shape[0], n_classes, dtype=z.dtype, device=z.device)
+    one_hot.scatter_(1, y.clamp_min(0)[:, None], labelled[:, None])
+    counts = one_hot.sum(0)
+    present = (counts > 0).to(z.dtype)
+    centroids = (one_hot.T @ z) / counts.clamp_min(1)[:, None]  # (n_classes, d)
+    return _simplex_log_volume(centroids, present, eps)
+
+
+def _simplex_log_volume(centroids: Tensor, present: Tensor, eps: float) -> Tensor:
+    """Log volume of the simplex of the ``present`` (0/1) rows of ``centroids``, with fixed shapes."""
+    n_classes = centroids.shape[0]
+    first = torch.argmax(present)  # the first present class: the simplex's base vertex
+    base = centroids.index_select(0, first.reshape(1))
+    others = torch.arange(n_classes, device=centroids.device) != first
+    vertex = present * others.to(centroids.dtype)  # the other vertices
+    edges = centroids - base  # rows of absent classes and of the base are masked out below
+    gram = edges @ edges.T
+    gram = vertex[:, None] * vertex[None, :] * gram + torch.diag(vertex * eps + (1 - vertex))
+    return 0.5 * torch.logdet(gram) - torch.lgamma(vertex.sum() + 1)
+
+
+class EpochGeometry:
+    """An epoch's isotropy and centroid log volume, from running sums kept on the device.
+
+    Adds each batch's prepared rows to ``sum z``, ``sum z z^T`` and per-class sums and counts
+    (float64 accumulators), so the epoch's embeddings are never kept or copied to the host;
+    ``values()`` reads the two numbers once, at the end of the epoch. The results equal
+    ``isotropy`` and ``centroid_log_volume`` of all the epoch's rows at once (rows labelled
+    below 0 count for the isotropy, not for the centroids).
+
+    Example:
+        >>> g = torch.Generator().manual_seed(0)
+        >>> z, y = torch.randn(40, 6, generator=g), torch.arange(40) % 3
+        >>> epoch = EpochGeometry(n_classes=3)
+        >>> for rows in range(0, 40, 16):
+        ...     epoch.add(z[rows:rows + 16], y[rows:rows + 16])
+        >>> values = epoch.values()
+        >>> round(values["isotropy"], 5) == round(float(isotropy(z)), 5)
+        True
+        >>> round(values["centroid_log_volume"], 4) == round(float(centroid_log_volume(z, y)), 4)
+        True
+
+    Args:
+        n_classes: Number of classes (labels ``0 .. n_classes - 1``).
+        normalize: L2-normalise rows first, as the loss does.
+        eps: The volume's ridge, as in ``centroid_log_volume``.
+    """
+
+    def __init__(self, n_classes: int, normalize: bool = True, eps: float = 1e-6) -> None:
+        self.n_classes, self.normalize, self.eps = n_classes, normalize, eps
+        self.rows = 0
+        self.total: Tensor | None = None
+        self.outer: Tensor | None = None
+        self.class_sums: Tensor | None = None
+        self.class_counts: Tensor | None = None
+
+    def add(self, z: Tensor, y: Tensor) -> None:
+        """Add a batch of embeddings ``(B, ...)`` and labels ``(B,)`` (no host read)."""
+        z = _prepare(z.detach(), self.normalize)
+        labelled = (y >= 0).to(z.dtype)
+        one_hot = torch.zeros(z.shape[0], self.n_classes, dtype=z.dtype, device=z.device)
+        one_hot.scatter_(1, y.clamp_min(0)[:, None], labelled[:, None])
+        parts = (z.sum(0).double(), (z.T @ z).double(), (one_hot.T @ z).double(), one_hot.sum(0).double())
+        self.rows += z.shape[0]  # a shape: known on the host
+        if self.total is None:
+            self.total, self.outer, self.class_sums, self.class_counts = parts
+            return
+        sums = (self.total, self.outer, self.class_sums, self.class_counts)
+        added = (a + b for a, b in zip(sums, parts, strict=True))
+        self.total, self.outer, self.class_sums, self.class_counts = added
+
+    def values(self) -> dict[str, float]:
+        """``isotropy`` (with at least 2 rows) and ``centroid_log_volume`` (with 2+ classes)."""
+        if self.rows < 2 or self.total is None or self.outer is None:
+            return {}
+        assert self.class_sums is not None and self.class_counts is not None
+        centred = self.outer - torch.outer(self.total, self.total) / self.rows
+        trace, frob2 = centred.diagonal().sum(), centred.square().sum()
+        out = {"isotropy": float(trace**2 / (centred.shape[0] * frob2.clamp_min(1e-30)))}
+        present = (self.class_counts > 0).double()
+        if present.sum().item() >= 2:
+            centroids = self.class_sums / self.class_counts.clamp_min(1)[:, None]
+            out["centroid_log_volume"] = float(_simplex_log_volume(centroids, present, self.eps))
+        return out
+
+
 def reference_georeg_terms(z: Tensor, y: Tensor, generator: torch.Generator) -> tuple[Tensor, Tensor]:
     """The public GeoReg code's two terms on a batch: eigenvalue variance and log triangle area.
 

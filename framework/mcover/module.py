@@ -191,9 +191,9 @@ class MCoverClassifier(PermutationCopiesMixin, MemberModule):
         """Every copy's logits without routing, ``(B, M, C)``: each copy is its own network."""
         return self.net(batch["x"])
 
-    def member_loss(self, member_outputs: Tensor, target: Tensor) -> Tensor:
-        """Sum over copies of each copy's cross-entropy (``copy_cross_entropy``)."""
-        return copy_cross_entropy(member_outputs.float(), target)
+    def member_loss(self, member_outputs: Tensor, target: Tensor, row_weight: Tensor | None = None) -> Tensor:
+        """Sum over copies of each copy's cross-entropy (``copy_cross_entropy``); see ``MemberModule``."""
+        return copy_cross_entropy(member_outputs.float(), target, row_weight)
 
     def collapsed_probabilities(self, x: Tensor) -> Tensor:
         """The ``collapse`` rule's predictive probabilities ``(B, C)`` for inputs ``x``."""

@@ -266,11 +266,15 @@ class RoutedMLP(nn.Module):
         return [*self.weights, *self.biases]
 
 
-def copy_cross_entropy(logits: Tensor, target: Tensor) -> Tensor:
+def copy_cross_entropy(logits: Tensor, target: Tensor, row_weight: Tensor | None = None) -> Tensor:
     """Sum over copies of each copy's mean cross-entropy.
 
     A sum, not a mean, so that each copy receives exactly the gradient it would get if
     trained alone: with a diagonal kernel, M-cover training is M independent trainings.
+    ``row_weight`` (0/1 per row) takes each copy's mean over the rows of weight 1 only.
     """
     m = logits.shape[1]
-    return F.cross_entropy(logits.float().flatten(0, 1), target.repeat_interleave(m)) * m
+    if row_weight is None:
+        return F.cross_entropy(logits.float().flatten(0, 1), target.repeat_interleave(m)) * m
+    loss = F.cross_entropy(logits.float().flatten(0, 1), target.repeat_interleave(m), reduction="none")
+    return (loss.view(-1, m) * row_weight[:, None]).sum() / row_weight.sum().clamp_min(1)

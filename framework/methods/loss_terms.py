@@ -41,15 +41,15 @@ class LossTermsMixin:
 
     def registered_loss_terms(self, batch: Any, step_output: dict[str, Any]) -> Tensor:  # noqa: ANN401
         """Sum of all registered terms for this step (zero when none), each logged."""
-        total = torch.zeros(())
+        total: Tensor | None = None
         for name, fn in self._loss_term_registry().items():
             value = fn(self, batch, step_output)
             if value.ndim != 0:
                 raise ValueError(f"Loss term {name!r} must return a scalar, got {tuple(value.shape)}.")
             self.log(f"train/loss_term/{name}", value.detach(), on_step=False, on_epoch=True,  # type: ignore[attr-defined]
                      sync_dist=True)  # epoch-only: reduced across ranks once, at the epoch's end
-            total = total.to(value.device) + value
-        return total
+            total = value if total is None else total + value
+        return torch.zeros((), device=getattr(self, "device", None)) if total is None else total
 
     def _loss_term_registry(self) -> dict[str, LossTerm]:
         if "_loss_terms" not in self.__dict__:

@@ -28,6 +28,8 @@ task; it sets ``member_output_kind`` and builds the metrics.
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Iterable
 from typing import Any
 
@@ -90,12 +92,19 @@ class MemberModule(LossTermsMixin, RNGStateMixin, L.LightningModule):
         """Member outputs ``(B, M, ...)`` of a batch, as ``member_output_kind`` says."""
         raise NotImplementedError(f"{type(self).__name__} must implement forward_members(batch).")
 
-    def member_loss(self, member_outputs: Tensor, target: Tensor) -> Tensor:
+    def member_loss(self, member_outputs: Tensor, target: Tensor, row_weight: Tensor | None = None) -> Tensor:
         """Mean over members and rows of the per-member loss.
 
         Cross-entropy (``logits``), binary cross-entropy (``binary_logits``) or squared
         error divided by ``target_scale() ** 2`` (``regression``: the loss of standardised
         targets, written in the target's units).
+
+        Args:
+            member_outputs: ``(B, K, out)``.
+            target: ``(B,)``; every entry a valid label when ``row_weight`` is given.
+            row_weight: ``(B,)`` 0/1 weights of the rows (classification): the mean is then
+                over the rows of weight 1 (zero, with the graph kept, when there are none),
+                computed on the device without reading the mask on the host.
         """
         kind = self.member_output_kind
         m = member_outputs.shape[1]
@@ -103,10 +112,17 @@ class MemberModule(LossTermsMixin, RNGStateMixin, L.LightningModule):
             if kind == "regression":
                 values = member_values(member_outputs)
                 return F.mse_loss(values, target.float()[:, None].expand(-1, m)) / self.target_scale() ** 2
+            reduction = "mean" if row_weight is None else "none"
             if kind == "binary_logits":
-                return F.binary_cross_entropy_with_logits(
-                    member_outputs[..., 0].float(), target.float()[:, None].expand(-1, m))
-            return F.cross_entropy(member_outputs.float().flatten(0, 1), target.repeat_interleave(m))
+                expanded = target.float()[:, None].expand(-1, m)
+                loss = F.binary_cross_entropy_with_logits(member_outputs[..., 0].float(), expanded,
+                                                          reduction=reduction)
+            else:
+                loss = F.cross_entropy(member_outputs.float().flatten(0, 1), target.repeat_interleave(m),
+                                       reduction=reduction)
+            if row_weight is None:
+                return loss
+            return (loss.view(-1, m) * row_weight[:, None]).sum() / (row_weight.sum().clamp_min(1) * m)
 
     def target_scale(self) -> float:
         """Scale of the regression target that the loss divides out (1: none)."""
@@ -150,6 +166,9 @@ class MemberModule(LossTermsMixin, RNGStateMixin, L.LightningModule):
             >>> module.labelled_loss(logits, torch.full((4,), -1), "val") is None
             True
         """
+        if stage == "train" and self.member_output_kind != "regression" and _takes_row_weight(self):
+            # no host read of the mask in the training step (it would stall an accelerator every step)
+            return self.member_loss(member_outputs, target.clamp_min(0), row_weight=(target >= 0).float())
         scored = self.scored_rows(target)
         if scored is None:
             return self.member_loss(member_outputs, target)
@@ -320,3 +339,13 @@ def _detached(out: StepOutput) -> StepOutput:
         if key in out:
             out[key] = out[key].detach()  # type: ignore[literal-required]
     return out
+
+
+@functools.cache
+def _accepts_row_weight(member_loss: Any) -> bool:  # noqa: ANN401
+    return "row_weight" in inspect.signature(member_loss).parameters
+
+
+def _takes_row_weight(module: MemberModule) -> bool:
+    """Whether ``module.member_loss`` takes ``row_weight`` (a subclass's own override may not)."""
+    return _accepts_row_weight(type(module).member_loss)
