@@ -52,6 +52,12 @@ import torch.nn.functional as F
 from torch.utils import benchmark
 
 from ripieno.framework.nn import TabularEnsembleNet
+from ripieno.framework.nn.ensemble_linear import (
+    EnsembleLinear,
+    _low_rank,
+    _thin_product,
+    lometab_member_chunk,
+)
 
 
 def _bins(n_features: int, n_bins: int, rows: torch.Tensor) -> list[torch.Tensor]:
@@ -65,6 +71,44 @@ def _step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, x_num: torch
     loss = F.cross_entropy(out.flatten(0, 1), y.repeat_interleave(out.shape[1]))
     loss.backward()
     optimizer.step()
+
+
+def _member_weight_work(model: torch.nn.Module) -> tuple[callable, callable]:  # type: ignore[valid-type]
+    """Two timed functions over ``model``'s LoMETab layers: what LoMETab adds to TabM's step.
+
+    ``extra`` runs, chunk by chunk as ``_LoMEMatmul`` does, every pass that TabM has no
+    counterpart of: forming the member weights (forward), forming ``1 + A_k B_k^T`` and the
+    member weights again (backward), ``grad_m = G_k * W``, the two thin gradient products and
+    ``sum_k G_k * (1 + A_k B_k^T)`` (with a stand-in ``G_k``). ``stream`` is the same number of
+    elementwise passes over all ``(K, out, in)`` members at once, out of cache: the
+    memory-bandwidth cost those passes would have if they were not chunked.
+    """
+    layers = [m for m in model.modules() if isinstance(m, EnsembleLinear) and m.adapter == "lometab"]
+    work = []
+    for layer in layers:
+        w, a, b = layer.weight.detach(), layer.adapter_a.detach(), layer.adapter_b.detach()
+        chunk = lometab_member_chunk(layer.k, layer.out_features, layer.in_features, w.device)
+        work.append((w, a, b, chunk, torch.randn(chunk, *w.shape, device=w.device),
+                     torch.randn(layer.k, *w.shape, device=w.device)))
+
+    def extra() -> None:
+        for w, a, b, chunk, g, _ in work:
+            for s in range(0, a.shape[0], chunk):
+                e = min(s + chunk, a.shape[0])
+                torch.addcmul(w, _low_rank(a[s:e], b[s:e]), w)  # forward: the member weights
+                one_plus_m = _low_rank(a[s:e], b[s:e]).add_(1.0)  # backward: recomputed
+                _ = one_plus_m * w  # grad_x's member weights
+                grad_m = g[:e - s] * w
+                _thin_product(grad_m, b[s:e])
+                _thin_product(grad_m.transpose(1, 2), a[s:e])
+                _ = (g[:e - s] * one_plus_m).sum(0)  # grad_w's share
+
+    def stream() -> None:
+        for w, _, _, _, _, big in work:
+            for _ in range(6):  # the six elementwise passes of ``extra``, over all members at once
+                torch.mul(big, w)
+
+    return extra, stream
 
 
 def main() -> None:
@@ -121,6 +165,12 @@ def main() -> None:
         for name in names[r % len(names):] + names[:r % len(names)]:
             times[name].append(timers[name].timeit(1).median * 1e3)
     base = statistics.median(times["tabm package TabM"])
+    lometab = variants["ripieno lometab r=4"]().to(device).train()
+    extra, stream = _member_weight_work(lometab)
+    extra_ms = statistics.median(benchmark.Timer("f()", globals={"f": extra}).timeit(1).median * 1e3
+                                 for _ in range(args.rounds))
+    stream_ms = statistics.median(benchmark.Timer("f()", globals={"f": stream}).timeit(1).median * 1e3
+                                  for _ in range(args.rounds))
     print(f"one training step, K={args.k}, d_block={args.d}, {args.blocks} blocks, batch {args.batch}, PLE "
           f"({args.n_num} features x {args.n_bins} bins), device {device}, torch threads "
           f"{torch.get_num_threads()}, median of {args.rounds} interleaved rounds")
@@ -128,6 +178,12 @@ def main() -> None:
     for name in names:
         ms = statistics.median(times[name])
         print(f"{name:<36} {ms:>9.1f} {ms / base:>14.2f}")
+    lometab_ms = statistics.median(times["ripieno lometab r=4"])
+    print(f"LoMETab r=4's own work (member weights and their gradients, chunked as in the step):"
+          f" {extra_ms:.1f} ms, {extra_ms / lometab_ms:.0%} of its step;"
+          f" the package's step + this = {(base + extra_ms) / base:.2f}x the package")
+    print(f"the same six elementwise passes over all {args.k} members at once (out of cache):"
+          f" {stream_ms:.1f} ms")
 
 
 if __name__ == "__main__":

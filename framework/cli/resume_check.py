@@ -27,6 +27,10 @@ from typing import Any, NamedTuple
 CLASS_KEY = "_class_path"
 IGNORED_KEYS = frozenset({"_instantiator"})
 """Bookkeeping that Lightning's CLI stores beside the hyperparameters."""
+RUN_ONLY_ARGS = frozenset({"compile", "compile_mode"})
+"""Model arguments that change how the network runs, not what it is: a checkpoint trained with
+``compile: true`` resumes, tests and predicts with ``compile: false`` and the other way round,
+and a checkpoint saved before the argument existed is not refused for lacking it."""
 
 _MISSING = object()
 _MAX_VALUE_CHARS = 60
@@ -62,7 +66,7 @@ def compare_hparams(checkpoint: Mapping[str, Any], config: Mapping[str, Any], *,
     Returns:
         Sorted ``Difference`` s, lines ``<setting>: checkpoint <value>, config <value>``; the class first.
     """
-    skipped = IGNORED_KEYS | set(skip)
+    skipped = IGNORED_KEYS | RUN_ONLY_ARGS | set(skip)
     found = []
     ours, theirs = checkpoint.get(CLASS_KEY), config.get(CLASS_KEY)
     if ours is not None and theirs is not None and ours != theirs:

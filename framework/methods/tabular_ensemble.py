@@ -9,10 +9,12 @@ callbacks work unchanged.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import types
+from collections.abc import Callable, Iterable
 from typing import Any, Literal
 
 import lightning as L
+import torch
 import torchmetrics
 from torch import Tensor
 from torchmetrics import Metric, MetricCollection
@@ -45,6 +47,14 @@ from ripieno.framework.nn.ensemble_linear import (
 )
 from ripieno.framework.nn.tabular_backbone import AdapterLayers, TabularEnsembleNet
 from ripieno.framework.specs.tabular import TabularSpec
+
+CompileMode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
+"""``torch.compile`` modes (``mode=``)."""
+
+
+def _call_net(net: TabularEnsembleNet, x_num: Tensor | None, x_cat: Tensor | None) -> Tensor:
+    """``net(x_num, x_cat)``: the function ``compile=True`` compiles (the network is its argument)."""
+    return net(x_num, x_cat)
 
 
 class TabularEnsembleModule(TabularPredictionMixin, MemberModule):
@@ -90,6 +100,14 @@ class TabularEnsembleModule(TabularPredictionMixin, MemberModule):
             (``additive``): std ``sigma_init`` times ``W``'s std for every rank, the
             perturbation size of ``lometab``/``rank_normalized`` (a like-for-like ablation).
             ``ripieno.framework.nn.ensemble_linear`` documents the exact draws.
+        compile: run the network of the Trainer's steps (training, validation, test,
+            predict; also ``predict_frame`` and ``select_members``) through ``torch.compile``.
+            It is compiled at the first step, not here, and changes no result beyond float
+            rounding: ``net`` stays the registered module, so the state_dict keys and the
+            checkpoints are those of an eager module and load into either. Calling the module
+            itself (``model(x)``, the posterior callbacks' ``torch.func`` passes) stays eager.
+        compile_mode: ``torch.compile``'s ``mode`` (``default``, ``reduce-overhead``,
+            ``max-autotune``, ``max-autotune-no-cudagraphs``); used with ``compile`` only.
 
     Example:
         >>> import torch
@@ -117,6 +135,8 @@ class TabularEnsembleModule(TabularPredictionMixin, MemberModule):
         lr: float = 2e-3,
         weight_decay: float = 3e-4,
         adapter_init: AdapterInit = DEFAULT_ADAPTER_INIT,
+        compile: bool = False,
+        compile_mode: CompileMode = "default",
     ) -> None:
         super().__init__()
         spec = TabularSpec.coerce(data_spec)
@@ -132,6 +152,8 @@ class TabularEnsembleModule(TabularPredictionMixin, MemberModule):
             adapter_init=adapter_init,
         )
         self.init_members(member_output_kind_of_task(spec.task), spec.n_classes)
+        self.compile_mode: CompileMode | None = compile_mode if compile else None
+        self._compiled_net: Callable[..., Tensor] | None = None  # built at the first step
 
     # ----------------------------------------------------------------- model interface
     @property
@@ -180,8 +202,32 @@ class TabularEnsembleModule(TabularPredictionMixin, MemberModule):
         regression squared error is divided by ``target_scale() ** 2`` (the loss of the
         standardised outputs).
         """
-        raw = self(batch["x_num"], batch.get("x_cat"))
+        raw = self.step_network(batch["x_num"], batch.get("x_cat"))
         return self.member_predictions(raw)[..., None] if self.task == "regression" else raw
+
+    def step_network(self, x_num: Tensor | None, x_cat: Tensor | None) -> Tensor:
+        """Raw member outputs ``(B, K, d_out)`` as the steps compute them.
+
+        Without ``compile`` this is ``self(x_num, x_cat)``. With it, ``torch.compile`` of a
+        function that calls ``self.net`` (built at the first call), so ``net`` stays the one
+        registered module: no ``_orig_mod.`` prefix reaches the state_dict or a checkpoint.
+        """
+        if self.compile_mode is None:
+            return self(x_num, x_cat)
+        if self._compiled_net is None:
+            # a code object of this module's own: dynamo counts recompiles per code object, so
+            # modules of other shapes in one process (a tuning study) would otherwise share the
+            # limit (8) and, past it, run eager with only a log line
+            own = types.FunctionType(_call_net.__code__.replace(), _call_net.__globals__, _call_net.__name__)
+            self._compiled_net = torch.compile(own, mode=self.compile_mode)
+        return self._compiled_net(self.net, x_num, x_cat)
+
+    @override
+    def __getstate__(self) -> dict[str, Any]:
+        """The module's state without the compiled function (it may not pickle; rebuilt at the next step)."""
+        state = super().__getstate__()
+        state["_compiled_net"] = None
+        return state
 
     def target_scale(self) -> float:
         """Regression trains on the squared error of standardised targets (``target_std``)."""
