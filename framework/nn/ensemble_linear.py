@@ -236,10 +236,16 @@ class _LoMEMatmul(torch.autograd.Function):
         k = x.shape[0]
         if chunk >= k:
             return torch.bmm(x, _member_weights(w, a, b).transpose(1, 2))
-        return torch.cat([  # out of place (no out=): vmap runs this forward on batched tensors
-            torch.bmm(x[s:s + chunk], _member_weights(w, a[s:s + chunk], b[s:s + chunk]).transpose(1, 2))
-            for s in range(0, k, chunk)
-        ])
+        if torch._C._are_functorch_transforms_active():  # vmap runs this forward on batched tensors: no out=
+            return torch.cat([
+                torch.bmm(x[s:s + chunk], _member_weights(w, a[s:s + chunk], b[s:s + chunk]).transpose(1, 2))
+                for s in range(0, k, chunk)
+            ])
+        y = x.new_empty(k, x.shape[1], w.shape[0])  # each chunk's product written in place: no copy by cat
+        for s in range(0, k, chunk):
+            torch.bmm(x[s:s + chunk], _member_weights(w, a[s:s + chunk], b[s:s + chunk]).transpose(1, 2),
+                      out=y[s:s + chunk])
+        return y
 
     @staticmethod
     def setup_context(ctx, inputs: tuple, output: Tensor) -> None:  # noqa: ANN001
