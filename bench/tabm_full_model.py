@@ -77,11 +77,11 @@ def _member_weight_work(model: torch.nn.Module) -> tuple[callable, callable]:  #
     """Two timed functions over ``model``'s LoMETab layers: what LoMETab adds to TabM's step.
 
     ``extra`` runs, chunk by chunk as ``_LoMEMatmul`` does, every pass that TabM has no
-    counterpart of: forming the member weights (forward), forming ``1 + A_k B_k^T`` and the
+    counterpart of: forming the member weights (forward), forming ``A_k B_k^T`` and the
     member weights again (backward), ``grad_m = G_k * W``, the two thin gradient products and
-    ``sum_k G_k * (1 + A_k B_k^T)`` (with a stand-in ``G_k``). ``stream`` is the same number of
-    elementwise passes over all ``(K, out, in)`` members at once, out of cache: the
-    memory-bandwidth cost those passes would have if they were not chunked.
+    ``sum_k G_k * (1 + A_k B_k^T)`` (with a stand-in ``G_k``). ``stream`` is six elementwise
+    passes over all ``(K, out, in)`` members at once, out of cache: the memory-bandwidth cost
+    such passes would have if they were not chunked.
     """
     layers = [m for m in model.modules() if isinstance(m, EnsembleLinear) and m.adapter == "lometab"]
     work = []
@@ -96,12 +96,12 @@ def _member_weight_work(model: torch.nn.Module) -> tuple[callable, callable]:  #
             for s in range(0, a.shape[0], chunk):
                 e = min(s + chunk, a.shape[0])
                 torch.addcmul(w, _low_rank(a[s:e], b[s:e]), w)  # forward: the member weights
-                one_plus_m = _low_rank(a[s:e], b[s:e]).add_(1.0)  # backward: recomputed
-                _ = one_plus_m * w  # grad_x's member weights
+                m = _low_rank(a[s:e], b[s:e])  # backward: recomputed
+                torch.addcmul(w, m, w)  # grad_x's member weights
                 grad_m = g[:e - s] * w
                 _thin_product(grad_m, b[s:e])
                 _thin_product(grad_m.transpose(1, 2), a[s:e])
-                _ = (g[:e - s] * one_plus_m).sum(0)  # grad_w's share
+                _ = torch.addcmul(g[:e - s], g[:e - s], m).sum(0)  # grad_w's share
 
     def stream() -> None:
         for w, _, _, _, _, big in work:

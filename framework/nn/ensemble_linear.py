@@ -269,9 +269,9 @@ class _LoMEMatmul(torch.autograd.Function):
         grad_b = torch.empty_like(b) if need_b else None
         for s in range(0, k, chunk):
             e = min(s + chunk, k)
-            one_plus_m = _low_rank(a[s:e], b[s:e]).add_(1.0)  # (c, out, in)
+            m = _low_rank(a[s:e], b[s:e])  # (c, out, in)
             if need_x:
-                torch.bmm(grad_y[s:e], one_plus_m * w, out=grad_x[s:e])
+                torch.bmm(grad_y[s:e], torch.addcmul(w, m, w), out=grad_x[s:e])
             if need_w or need_a or need_b:
                 grad_member_w = torch.bmm(grad_y[s:e].transpose(1, 2), x[s:e])  # (c, out, in)
                 if need_a or need_b:
@@ -280,8 +280,8 @@ class _LoMEMatmul(torch.autograd.Function):
                         grad_a[s:e] = _thin_product(grad_m, b[s:e])
                     if need_b:
                         grad_b[s:e] = _thin_product(grad_m.transpose(1, 2), a[s:e])
-                if need_w:
-                    grad_w.add_(grad_member_w.mul_(one_plus_m).sum(0))
+                if need_w:  # sum_k G_k * (1 + M_k), one fused pass per chunk
+                    grad_w.add_(grad_member_w.addcmul_(grad_member_w, m).sum(0))
         return grad_x, grad_w, grad_a, grad_b, None
 
     @staticmethod
