@@ -172,6 +172,7 @@ class Settings:
         dry_run: the CPU smoke test.
         compile_backend: ``torch.compile`` backend of (a).
         ddp_cpu: run (c) on 2 CPU processes (gloo) instead of skipping it without GPUs.
+        families: the method families of (e) (keys of ``FAMILIES``).
     """
 
     sizes: Sizes
@@ -179,6 +180,7 @@ class Settings:
     dry_run: bool
     compile_backend: str
     ddp_cpu: bool = False
+    families: tuple[str, ...] = ()
 
 
 class Report:
@@ -736,7 +738,7 @@ def section_syncs(report: Report, cfg: Settings) -> list[str]:
     failures, table = [], []
     sites: dict[str, list[str]] = {"HostSyncCounter syncs": [], "CUDA sync warnings": []}
     with tempfile.TemporaryDirectory(prefix="gpu-bench-syncs-") as tmp:
-        for family in FAMILIES:
+        for family in cfg.families or tuple(FAMILIES):
             try:
                 root = Path(tmp) / family.replace(" ", "_")
                 _counted_fit(family, 1, cfg, root / "warmup", count=False)
@@ -822,7 +824,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="torch.compile backend of (a) (default: inductor; aot_eager in --dry-run)")
     parser.add_argument("--ddp-cpu", action="store_true",
                         help="run (c) on 2 CPU processes (gloo) instead of skipping it: a code-path check")
+    parser.add_argument("--families", default="all",
+                        help="(e)'s method families, comma-separated first words: tabular,m-cover,image,loes")
     args = parser.parse_args(argv)
+    by_word = {name.split()[0].lower(): name for name in FAMILIES}
+    words = list(by_word) if args.families == "all" else [w.strip().lower() for w in args.families.split(",")]
+    if set(words) - set(by_word):
+        raise SystemExit(f"{PROG}: unknown families {sorted(set(words) - set(by_word))}; choose from"
+                         f" {', '.join(by_word)}")
     if args.out is not None and args.out.exists():
         raise SystemExit(f"{PROG}: {args.out} exists; not overwritten (choose another --out)")
     if args.out is not None and not args.out.resolve().parent.is_dir():
@@ -836,7 +845,8 @@ def main(argv: list[str] | None = None) -> int:
                          "use --dry-run for the CPU smoke test")
     device = torch.device("cpu" if args.dry_run else "cuda")
     backend = args.compile_backend or ("aot_eager" if args.dry_run else "inductor")
-    cfg = Settings(DRY if args.dry_run else FULL, device, args.dry_run, backend, args.ddp_cpu)
+    cfg = Settings(DRY if args.dry_run else FULL, device, args.dry_run, backend, args.ddp_cpu,
+                   tuple(by_word[w] for w in words))
     report = Report()
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     dry = " - DRY RUN (CPU, tiny sizes)" if args.dry_run else ""
