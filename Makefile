@@ -75,6 +75,7 @@ lint: $(STAMP)
 bench: $(STAMP)  ## Speed/memory tables with ratios measured side by side.
 	$(BIN)/python bench/ensemble_linear.py
 	$(BIN)/python bench/tabm_full_model.py
+	$(BIN)/python bench/tabular_compile.py
 	$(BIN)/python bench/glm_sampler.py
 	$(BIN)/python bench/mcover_step.py
 	$(BIN)/python bench/loes_selection.py
