@@ -111,10 +111,8 @@ def _member_weight_work(model: torch.nn.Module) -> tuple[callable, callable]:  #
     return extra, stream
 
 
-def main() -> None:
-    """Print the table (see the module docstring)."""
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+def model_arguments(parser: argparse.ArgumentParser) -> None:
+    """The network's size options and the rounds, shared with ``bench/tabular_compile.py``."""
     parser.add_argument("--k", type=int, default=32)
     parser.add_argument("--d", type=int, default=512)
     parser.add_argument("--blocks", type=int, default=3)
@@ -123,6 +121,13 @@ def main() -> None:
     parser.add_argument("--n_bins", type=int, default=32)
     parser.add_argument("--d_embedding", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=7)
+
+
+def main() -> None:
+    """Print the table (see the module docstring)."""
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    model_arguments(parser)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
     device = torch.device(args.device)

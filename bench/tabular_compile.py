@@ -29,37 +29,25 @@ from __future__ import annotations
 import argparse
 import copy
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch._dynamo.utils import counters
 from torch.utils import benchmark
 
 from ripieno.framework.nn import TabularEnsembleNet
 
-
-def _step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, x_num: torch.Tensor,
-          x_cat: torch.Tensor, y: torch.Tensor) -> None:
-    optimizer.zero_grad(set_to_none=True)
-    out = model(x_num, x_cat)  # (B, K, C)
-    loss = F.cross_entropy(out.flatten(0, 1), y.repeat_interleave(out.shape[1]))
-    loss.backward()
-    optimizer.step()
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling bench script, run as a script
+from tabm_full_model import _step, model_arguments  # noqa: E402
 
 
 def main() -> None:
     """Print the table (see the module docstring)."""
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--k", type=int, default=32)
-    parser.add_argument("--d", type=int, default=512)
-    parser.add_argument("--blocks", type=int, default=3)
-    parser.add_argument("--batch", type=int, default=256)
-    parser.add_argument("--n_num", type=int, default=8)
-    parser.add_argument("--n_bins", type=int, default=32)
-    parser.add_argument("--d_embedding", type=int, default=16)
-    parser.add_argument("--rounds", type=int, default=7)
+    model_arguments(parser)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--mode", default="default", help="torch.compile mode")
     parser.add_argument("--quick", action="store_true",
