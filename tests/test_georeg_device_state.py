@@ -54,7 +54,8 @@ def test_epoch_running_sums_equal_the_measures_of_all_the_epochs_rows():
     values = epoch.values()
     kept = y >= 0
     assert values["isotropy"] == pytest.approx(float(isotropy(z)), rel=1e-5)
-    assert values["centroid_log_volume"] == pytest.approx(float(centroid_log_volume(z[kept], y[kept])), rel=1e-4)
+    expected_volume = float(centroid_log_volume(z[kept], y[kept]))
+    assert values["centroid_log_volume"] == pytest.approx(expected_volume, rel=1e-4)
     assert EpochGeometry(n_classes=3).values() == {}
     one_class = EpochGeometry(n_classes=3)
     one_class.add(z[:10], torch.zeros(10, dtype=torch.long))

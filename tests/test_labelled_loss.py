@@ -69,7 +69,7 @@ def test_a_batch_without_labels_has_no_loss_in_evaluation_and_a_zero_in_training
 
 @pytest.mark.parametrize("kind, n_classes", [("logits", 3), ("binary_logits", 2)])
 @pytest.mark.parametrize("labels", [[0, 1, -1, 1, -1, 0], [1, 0, 1, 1, 0, 0], [-1] * 6])
-def test_the_training_loss_needs_no_host_read_and_equals_the_loss_of_the_labelled_rows(kind, n_classes, labels):
+def test_the_training_loss_needs_no_host_read_and_equals_the_labelled_rows_loss(kind, n_classes, labels):
     """Training weighs rows on the device; the oracle is the member loss of the labelled rows alone."""
     from ripieno.framework.host_syncs import HostSyncCounter
     from ripieno.framework.methods.member_module import MemberModule

@@ -161,15 +161,16 @@ if __name__ == "__main__":
     _ddp_run(sys.argv[1])
 
 
-def test_a_deferred_check_reads_the_loss_once_per_interval_and_names_the_first_bad_step(tmp_path: Path) -> None:
+def test_a_deferred_check_reads_once_per_interval_and_names_the_first_bad_step(tmp_path: Path) -> None:
     """As on an accelerator: the loss check waits on the device, the NaN step's gradients are zeroed."""
     from ripieno.framework.host_syncs import HostSyncCounter
 
     model = Regression(nan_step=5)  # 4 batches an epoch: step 5 is epoch 1, batch 1
     guard = NonFiniteGuard(check_every_n_steps=50, metrics="monitored", check_checkpoints=False)
     with HostSyncCounter(only_from=[HERE.parents[1] / "callbacks"]) as syncs:
-        with pytest.raises(NonFiniteTrainingError, match=r"the training loss is nan at global step 5 \(epoch 1,"
-                           r" batch 1\); that step and the ones after it updated with zero gradients"):
+        with pytest.raises(NonFiniteTrainingError, match=r"the training loss is nan at global step 5"
+                           r" \(epoch 1, batch 1\); that step and the ones after it updated with zero"
+                           r" gradients"):
             _trainer(tmp_path, guard, limit_val_batches=0).fit(model, _loader())
     # read at the end of epoch 0 (the step) and of epoch 1 (the step and the value): not at every step
     assert [s.call for s in syncs.calls] == ["Tensor.item", "Tensor.item", "Tensor.item"]
