@@ -369,8 +369,16 @@ def triangle_score(
         scale = _centre(x).square().sum(dim=1).mean().sqrt()
     if float(scale) == 0:
         return zero
-    centroids = class_centroids(x, labels, num_classes) / scale
-    triples = _class_triples(num_classes, max_triples, seed, x.device)
+    return centroid_triangle_area(class_centroids(x, labels, num_classes) / scale, max_triples, seed)
+
+
+def centroid_triangle_area(centroids: Tensor, max_triples: int = 2000, seed: int = 0) -> Tensor:
+    """Mean triangle area over class triples of centroids ``(C, D)``, ``C >= 3``: Tri's core.
+
+    The triples are those of ``triangle_score`` (every ``a < b < c``, or a seeded sample of
+    ``max_triples``); the centroids are used as given (already divided by the scale).
+    """
+    triples = _class_triples(centroids.shape[0], max_triples, seed, centroids.device)
     u = centroids[triples[:, 1]] - centroids[triples[:, 0]]
     v = centroids[triples[:, 2]] - centroids[triples[:, 0]]
     gram_det = u.square().sum(1) * v.square().sum(1) - (u * v).sum(1).square()

@@ -1,10 +1,15 @@
 r"""The public LOES reference algorithm, term by term, as ``select_layers(..., variant="reference")`` runs it.
 
 This module reproduces the reference implementation (``loes/api.py``,
-``select_layers_from_custom_embeddings``) exactly, including its numerical choices; it is checked
-against the reference's recorded outputs (``tests/test_loes_reference.py``). Everything runs in the
-reference's dtype, float32, with the same torch operations, because several of its terms (Red above
-all) lose digits in float32 that a float64 rewrite would not reproduce.
+``select_layers_from_custom_embeddings``) term by term; it is checked against the reference's
+recorded outputs (``tests/test_loes_reference.py``) and, in float64, against a plain
+re-implementation (``tests/test_loes_selection_speed_equivalence.py``). The products over the
+samples run in the reference's dtype, float32 by default, because several of its terms (Red above
+all) lose digits in float32 that a float64 rewrite would not reproduce. ``reference_greedy`` takes
+every term from those products by exact identities (``_SelectionProducts``), with the small
+``D x D`` algebra on them in float64, as the reference's solves: so where a float32 probe nearly
+interpolates (``D`` close to ``N``, tiny ``reg``), its score can move by float32 rounding, as the
+reference's own float32 and float64 runs differ there.
 
 Greedy rule, with ``Y`` the one-hot labels or the regression targets (``(N, T)``):
 
@@ -40,6 +45,7 @@ Differences from ripieno's own variant are listed in ``ripieno.framework.loes.se
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,9 +75,14 @@ def reference_ridge_prediction(x: Tensor, y: Tensor, reg: float) -> Tensor:
     Returns:
         ``(N, T)`` predictions ``Xc (Xc^T Xc + reg I)^{-1} Xc^T Yc + mean(Y)``.
     """
-    x_mean, y_mean = x.mean(dim=0, keepdim=True), y.mean(dim=0, keepdim=True)
-    xc, yc = x - x_mean, y - y_mean
-    weights = _solve_accurately(xc.T @ xc, reg, xc.T @ yc)
+    xc = x - x.mean(dim=0, keepdim=True)
+    return _centred_ridge_prediction(xc, xc.T @ xc, y, reg)
+
+
+def _centred_ridge_prediction(xc: Tensor, gram: Tensor, y: Tensor, reg: float) -> Tensor:
+    """``reference_ridge_prediction`` given the centred features and their Gram ``xc^T xc``."""
+    y_mean = y.mean(dim=0, keepdim=True)
+    weights = _solve_accurately(gram, reg, xc.T @ (y - y_mean))
     return xc @ weights + y_mean
 
 
@@ -80,14 +91,24 @@ def _solve_accurately(gram: Tensor, ridge: float, rhs: Tensor) -> Tensor:
 
     The one place the reference's float32 is not kept: when a probe nearly interpolates (``D`` close
     to ``N``, tiny ``reg``) a float32 solve's rounding exceeds the score gaps between layers, so the
-    choice would depend on the order of floating-point operations rather than on the data.
+    choice would depend on the order of floating-point operations rather than on the data. The
+    matrix is symmetric positive definite unless rounding made it otherwise, so Cholesky (half the
+    work of LU) solves it, and LU where Cholesky fails.
     """
     eye = torch.eye(gram.shape[0], dtype=torch.float64, device=gram.device)
-    return torch.linalg.solve(gram.double() + ridge * eye, rhs.double()).to(gram.dtype)
+    matrix = gram.double() + ridge * eye
+    factor, info = torch.linalg.cholesky_ex(matrix)
+    if int(info) == 0:
+        return torch.cholesky_solve(rhs.double(), factor).to(gram.dtype)
+    return torch.linalg.solve(matrix, rhs.double()).to(gram.dtype)
 
 
 def reference_isotropy(x: Tensor) -> Tensor:
     """Iso: ``mean / std`` (population) of the covariance eigenvalues of ``x`` ``(N, D)``.
+
+    The eigenvalues are those of ``cov + 1e-6 I`` (``D <= 512``) or ``svdvals(Xc)^2 / (N - 1)``, as in
+    the reference, but their mean and standard deviation come from traces (``_spectrum_mean_over_std``)
+    instead of an eigendecomposition.
 
     Example:
         >>> x = torch.randn(500, 4, generator=torch.Generator().manual_seed(0))
@@ -97,11 +118,32 @@ def reference_isotropy(x: Tensor) -> Tensor:
     n, d = x.shape
     xc = x - x.mean(dim=0, keepdim=True)
     if d <= ISO_EIGH_MAX_DIM:
-        cov = xc.T @ xc / (n - 1) + ISO_JITTER * torch.eye(d, dtype=x.dtype, device=x.device)
-        eigenvalues = torch.linalg.eigvalsh(cov)
-    else:
-        eigenvalues = torch.linalg.svdvals(xc).square() / (n - 1)
-    return eigenvalues.mean() / eigenvalues.std(correction=0)
+        return _covariance_isotropy(xc.T @ xc, n)
+    wide = xc.double()
+    gram = wide.T @ wide if d <= n else wide @ wide.T  # the min(N, D) squared singular values
+    return _spectrum_mean_over_std(gram / (n - 1)).to(x.dtype)
+
+
+def _covariance_isotropy(gram: Tensor, n: int) -> Tensor:
+    """``reference_isotropy`` (``D <= 512``) from ``xc^T xc``, which the step-0 ridge probe shares."""
+    eye = torch.eye(gram.shape[0], dtype=gram.dtype, device=gram.device)
+    cov = gram / (n - 1) + ISO_JITTER * eye  # the matrix the reference decomposes, in its dtype
+    return _spectrum_mean_over_std(cov.double()).to(gram.dtype)
+
+
+def _spectrum_mean_over_std(matrix: Tensor) -> Tensor:
+    """``mean / std`` (population) of the eigenvalues of a symmetric matrix, without computing them.
+
+    Identities, not approximations: ``sum(lambda) = tr M`` and ``sum((lambda - m)^2) = ||M - m I||_F^2``.
+    Only the lower triangle is read, as ``eigvalsh`` does. Hand-written because the eigenvalues
+    themselves (an ``O(D^3)`` iterative decomposition) are not needed, only two of their moments.
+    """
+    lower = matrix.tril()
+    symmetric = lower + lower.tril(-1).T
+    count = symmetric.shape[0]
+    mean = symmetric.diagonal().sum() / count
+    centred = symmetric - mean * torch.eye(count, dtype=matrix.dtype, device=matrix.device)
+    return mean / (centred.square().sum() / count).sqrt()
 
 
 def reference_redundancy(x: Tensor, selected: list[Tensor]) -> Tensor:
@@ -125,11 +167,20 @@ def reference_triangle(x: Tensor, labels: Tensor, num_classes: int, generator: t
     """
     if num_classes < 3:
         return torch.zeros((), dtype=x.dtype, device=x.device)
+    return _centroid_triangle(_class_means(x, labels, num_classes), generator)
+
+
+def _class_means(x: Tensor, labels: Tensor, num_classes: int) -> Tensor:
     sums = torch.zeros(num_classes, x.shape[1], dtype=x.dtype, device=x.device).index_add_(0, labels, x)
     counts = torch.bincount(labels, minlength=num_classes).to(x.dtype).clamp_min(1)
-    centroids = sums / counts.unsqueeze(-1)
+    return sums / counts.unsqueeze(-1)
+
+
+def _centroid_triangle(centroids: Tensor, generator: torch.Generator) -> Tensor:
+    """``reference_triangle`` from the class centroids ``(C, D)``, ``C >= 3``."""
+    num_classes = centroids.shape[0]
     count = min(TRI_MAX_TRIPLETS, 3 * num_classes)
-    triplets = torch.randint(num_classes, (count, 3), generator=generator).to(x.device)
+    triplets = torch.randint(num_classes, (count, 3), generator=generator).to(centroids.device)
     u = centroids[triplets[:, 1]] - centroids[triplets[:, 0]]
     v = centroids[triplets[:, 2]] - centroids[triplets[:, 0]]
     gram_det = u.square().sum(1) * v.square().sum(1) - (u * v).sum(1).square()
@@ -181,6 +232,12 @@ def reference_greedy(
 ) -> tuple[list[int], list[dict[str, Any]]]:
     """The reference's greedy loop over every remaining candidate (ties to the lowest index).
 
+    Every term is the one the functions above define, computed without redoing, for each candidate,
+    work over the ``N`` samples that the candidates share (see ``_SelectionProducts``): each layer's
+    centred features and Gram (shared by Iso and the step-0 probe) and its products with each
+    selected layer are computed once, in the reference's dtype, and a candidate's orthogonalised part
+    enters only through its Gram, centroids and products with the targets.
+
     Args:
         views: The ``L`` layers ``(N, D_l)``, in the computation dtype.
         targets: ``(N, T)`` one-hot labels or regression targets, or ``None`` (label-free).
@@ -194,32 +251,45 @@ def reference_greedy(
         The chosen layers and one score row per scored candidate (``step`` and ``selected`` unset).
     """
     generator = torch.Generator().manual_seed(seed)
-    isotropies = [float(reference_isotropy(v)) for v in views]
+    products = _SelectionProducts(views, labels, num_classes if labels is not None else 0)
+    isotropies = products.isotropies()
     chosen: list[int] = []
     rows: list[dict[str, Any]] = []
     prediction = None if targets is None else torch.zeros_like(targets)
     nan = float("nan")
     for step in range(k):
-        selected = torch.cat([views[i] for i in chosen], dim=1) if chosen else None
-        orthogonalizer = None if selected is None else _Orthogonalizer(selected)
+        orthogonalizer = products.orthogonalizer(chosen) if chosen else None
+        formed: _Orthogonalizer | None = None  # the reference's own, for rank-deficient parts
+        selected_dims = sum(views[i].shape[1] for i in chosen)
         residual = None if targets is None else targets - prediction
         best: tuple[float, int, Tensor | None] | None = None
         step_rows = []
         for layer in (i for i in range(len(views)) if i not in chosen):
-            x = views[layer]
-            features = x if orthogonalizer is None else orthogonalizer(x)
+            # A part with more columns than the samples left to it (selected + candidate widths > N) is
+            # rank-deficient: its probe fits rounding noise, so only the reference's own float32
+            # operations on the formed features reproduce its choice (the wide fixture set).
+            deficient = bool(chosen) and selected_dims + views[layer].shape[1] > products.n
+            features = part = None
+            if deficient:
+                if formed is None:
+                    formed = _Orthogonalizer(torch.cat([views[i] for i in chosen], dim=1))
+                features = formed(views[layer])
+            elif orthogonalizer is not None:
+                part = orthogonalizer(layer)
             ridge = red = tri = nan
             fitted = None
             total = weights.alpha * (1.0 - isotropies[layer])
             if residual is not None:
-                fitted = reference_ridge_prediction(features, residual, weights.reg)
+                fitted = (reference_ridge_prediction(features, residual, weights.reg) if features is not None
+                          else products.ridge_prediction(layer, part, residual, weights.reg))
                 ridge = float((residual - fitted).square().mean())
                 total += ridge
             if chosen:
-                red = float(reference_redundancy(x, [views[i] for i in chosen]))
+                red = float(products.redundancy(layer, chosen))
                 total += weights.gamma * red
                 if labels is not None:
-                    tri = float(reference_triangle(features, labels, num_classes, generator))
+                    tri = float(reference_triangle(features, labels, num_classes, generator)
+                                if features is not None else products.triangle(layer, part, generator))
                     total -= weights.eta * tri
             step_rows.append({"layer": layer, "ridge_loss": ridge, "iso": isotropies[layer], "red": red,
                               "tri": tri, "total": total, "selected": False, "step": step})
@@ -234,3 +304,135 @@ def reference_greedy(
         if prediction is not None and fitted is not None:
             prediction = prediction + fitted
     return chosen, rows
+
+
+@dataclass(frozen=True)
+class _Part:
+    """A candidate's orthogonalised part ``F = Xc - Sc coef`` (``reference_orthogonalize``), unformed.
+
+    ``gram`` is ``Fc^T Fc`` of its centred version ``Fc = F - mean(F)``, in float64.
+    """
+
+    layer: int
+    coef: Tensor  # (sum D_selected, D), in the computation dtype, as the reference applies it
+    mean: Tensor  # (1, D) mean of F (zero up to rounding)
+    gram: Tensor
+
+
+class _SelectionProducts:
+    """The products over the samples that the reference's terms are made of, each computed once.
+
+    Hand-written linear algebra because the reference's per-candidate steps (orthogonalise, centre,
+    form the Gram, fit) each pass over all ``N`` samples, while every quantity they produce follows
+    from ``D x D`` products that the candidates share:
+
+    * with ``Sc`` the centred selected layers and ``C = Sc^T Xc``, the orthogonalised part
+      ``F = Xc - Sc coef``, ``coef = (Sc^T Sc + 1e-6 I)^-1 C``, has ``F^T F = Xc^T Xc - (C +
+      1e-6 coef)^T coef`` (substituting ``Sc^T Sc coef = C - 1e-6 coef``), and ``Fc = F - mean(F)``
+      has Gram ``F^T F - N mean^T mean``;
+    * the probe on ``Fc`` needs ``Fc^T Yc = Xc^T Yc - coef^T Sc^T Yc`` and predicts
+      ``Xc W - Sc (coef W) - mean W + mean(Y)``; Tri needs class means, ``M(Xc) - M(Sc) coef``;
+    * Red's ``X^T S`` of the raw layers is ``Xc^T Sc + N mean(X)^T mean(S)``.
+
+    The products over the samples (``Xc^T Xc``, ``Sc^T Xc``, the targets and class means) are those
+    of the reference, in its dtype; the ``D x D`` algebra on them is float64, as its solves.
+    """
+
+    def __init__(self, views: list[Tensor], labels: Tensor | None, num_classes: int) -> None:
+        self.views = views
+        self.n = views[0].shape[0]
+        self.means = [v.mean(dim=0, keepdim=True) for v in views]
+        self.centred = [v - m for v, m in zip(views, self.means, strict=True)]
+        self.grams = [xc.T @ xc for xc in self.centred]  # shared by Iso and the step-0 probe
+        self.grams64 = [g.double() for g in self.grams]
+        self.centred_means = [xc.mean(dim=0, keepdim=True).double() for xc in self.centred]  # ~0
+        self.norms = [torch.linalg.matrix_norm(v) for v in views]
+        self.cross: dict[tuple[int, int], Tensor] = {}  # (selected, other) -> Sc_selected^T Xc_other
+        self.labels, self.num_classes = labels, num_classes
+        self.class_means: dict[int, Tensor] = {}
+        self.selection: list[int] = []  # the layers the current orthogonalizer projects out
+        self.selection_targets: tuple[Tensor, Tensor] | None = None  # (y, Sc^T (y - mean y)) of the step
+
+    def isotropies(self) -> list[float]:
+        return [float(_covariance_isotropy(g, self.n) if v.shape[1] <= ISO_EIGH_MAX_DIM
+                      else reference_isotropy(v)) for v, g in zip(self.views, self.grams, strict=True)]
+
+    def _cross(self, selected: int, other: int) -> Tensor:
+        key = (selected, other)
+        if key not in self.cross:
+            self.cross[key] = self.centred[selected].T @ self.centred[other]
+        return self.cross[key]
+
+    def _block(self, a: int, b: int) -> Tensor:
+        """``Xc_a^T Xc_b`` from the Grams and cached cross products."""
+        if a == b:
+            return self.grams[a]
+        if (a, b) in self.cross:
+            return self.cross[(a, b)]
+        return self._cross(b, a).T
+
+    def orthogonalizer(self, chosen: list[int]) -> Callable[[int], _Part]:
+        """``reference_orthogonalize`` against the chosen layers, for any candidate, unformed."""
+        rows = [torch.cat([self._block(a, b) for b in chosen], dim=1) for a in chosen]
+        gram = torch.cat(rows, dim=0).double()
+        gram.diagonal().add_(ORTHOGONALIZATION_RIDGE)
+        factor = torch.linalg.lu_factor(gram)
+        sc_mean = torch.cat([self.centred_means[c] for c in chosen], dim=1)
+        self.selection, self.selection_targets = list(chosen), None
+
+        def orthogonalize(layer: int) -> _Part:
+            rhs = torch.cat([self._cross(c, layer) for c in chosen], dim=0).double()
+            coef = torch.linalg.lu_solve(*factor, rhs)
+            xc = self.centred[layer]
+            mean = self.centred_means[layer] - sc_mean @ coef
+            # F^T F = Xc^T Xc - (C + 1e-6 coef)^T coef, then centred: minus N mean^T mean.
+            shifted = torch.add(rhs, coef, alpha=ORTHOGONALIZATION_RIDGE)
+            f_gram = torch.addmm(self.grams64[layer], shifted.T, coef, alpha=-1)
+            f_gram = torch.addmm(f_gram, mean.T, mean, alpha=-self.n)
+            return _Part(layer, coef.to(xc.dtype), mean.to(xc.dtype), f_gram)
+
+        return orthogonalize
+
+    def ridge_prediction(self, layer: int, part: _Part | None, y: Tensor, reg: float) -> Tensor:
+        """``reference_ridge_prediction`` of the raw layer (``part=None``) or of its orthogonalised part."""
+        xc = self.centred[layer]
+        if part is None:
+            return _centred_ridge_prediction(xc, self.grams[layer], y, reg)
+        y_mean = y.mean(dim=0, keepdim=True)
+        yc = y - y_mean
+        sc = [self.centred[c] for c in self.selection]
+        sizes = [s.shape[1] for s in sc]
+        if self.selection_targets is None or self.selection_targets[0] is not y:
+            self.selection_targets = (y, torch.cat([s.T @ yc for s in sc], dim=0))
+        sc_y = self.selection_targets[1]
+        rhs = xc.T @ yc - part.coef.T @ sc_y - part.mean.T @ yc.sum(dim=0, keepdim=True)
+        weights = _solve_accurately(part.gram, reg, rhs).to(xc.dtype)
+        coef_w = (part.coef @ weights).split(sizes)
+        fitted = xc @ weights - sum(s @ w for s, w in zip(sc, coef_w, strict=True)) - part.mean @ weights
+        return fitted + y_mean
+
+    def redundancy(self, layer: int, chosen: list[int]) -> Tensor:
+        """``reference_redundancy`` of the raw layer against each chosen one."""
+        values = []
+        for c in chosen:
+            outer = self.means[c].T.double() @ self.means[layer].double()
+            raw = self._cross(c, layer).double() + self.n * outer  # S^T X
+            norms = self.norms[layer].double() * self.norms[c].double()
+            values.append(torch.linalg.matrix_norm(raw) / norms)
+        return torch.stack(values).max()
+
+    def triangle(self, layer: int, part: _Part | None, generator: torch.Generator) -> Tensor:
+        """``reference_triangle`` of the orthogonalised part (its centroids from class means)."""
+        xc = self.centred[layer]
+        if self.num_classes < 3 or self.labels is None:
+            return torch.zeros((), dtype=xc.dtype, device=xc.device)
+        means = self._class_mean(layer)
+        if part is not None:
+            means = means - torch.cat([self._class_mean(c) for c in self.selection], dim=1) @ part.coef
+        return _centroid_triangle(means, generator)
+
+    def _class_mean(self, layer: int) -> Tensor:
+        if layer not in self.class_means:
+            assert self.labels is not None
+            self.class_means[layer] = _class_means(self.centred[layer], self.labels, self.num_classes)
+        return self.class_means[layer]
