@@ -11,7 +11,7 @@ CORE := .venv-core
 TORCH_FAMILY ?= torch==2.14.1 torchvision==0.29.1 torchaudio==2.11.1
 NO_DEPS_DATA = $$($(1)/bin/python -c 'import tomllib; print(" ".join(tomllib.load(open("pyproject.toml", "rb"))["tool"]["ripieno"]["no-deps-data"]))')
 
-.PHONY: run test test-core test-lowest lint bench benchmark sweep claims claims-reduced clean
+.PHONY: run test test-slow test-core test-lowest lint bench benchmark sweep claims claims-reduced clean
 
 $(STAMP): pyproject.toml
 	@# Fashion-MNIST ships in a Debian package (dataset-fashion-mnist); install it when root.
@@ -40,9 +40,12 @@ $(STAMP): pyproject.toml
 run: $(STAMP)  ## Train the default recipe, test its best checkpoint, print where outputs went.
 	$(BIN)/ripieno fit -c $(RECIPE) --trainer.enable_progress_bar=false
 
-test: $(STAMP)  ## Lint, then the whole test suite (slow tests included).
+test: $(STAMP)  ## Lint, then every test not marked slow (the suite kept under 15 minutes on 2 cores).
 	$(BIN)/ruff check .
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -m "not slow"
+
+test-slow: $(STAMP)  ## The checks marked slow (DDP spawns, real compiles, end-to-end claims); .ci/run runs them too.
+	$(BIN)/pytest -q -m slow
 
 test-core:  ## A fresh venv with only the core dependencies (no extras): import, a tabular fit, the extra hints.
 	rm -rf $(CORE)
