@@ -64,6 +64,17 @@ def _bins(n_features: int, n_bins: int, rows: torch.Tensor) -> list[torch.Tensor
     return rne.compute_bins(rows, n_bins=n_bins)[:n_features]
 
 
+def synthetic_batch(args: argparse.Namespace, device: torch.device) -> tuple[
+        list[int], int, list[torch.Tensor], torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The benches' input: categorical cardinalities, classes, PLE bins, and one batch ``x_num, x_cat, y``."""
+    cards, n_classes = [5, 3], 2
+    bins = _bins(args.n_num, args.n_bins, torch.randn(4096, args.n_num))
+    x_num = torch.randn(args.batch, args.n_num, device=device)
+    x_cat = torch.stack([torch.randint(0, c, (args.batch,)) for c in cards], 1).to(device)
+    y = torch.randint(0, n_classes, (args.batch,), device=device)
+    return cards, n_classes, bins, x_num, x_cat, y
+
+
 def _step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, x_num: torch.Tensor,
           x_cat: torch.Tensor, y: torch.Tensor) -> None:
     optimizer.zero_grad(set_to_none=True)
@@ -132,12 +143,7 @@ def main() -> None:
     args = parser.parse_args()
     device = torch.device(args.device)
     torch.manual_seed(0)
-    cards, n_classes = [5, 3], 2
-    rows = torch.randn(4096, args.n_num)
-    bins = _bins(args.n_num, args.n_bins, rows)
-    x_num = torch.randn(args.batch, args.n_num, device=device)
-    x_cat = torch.stack([torch.randint(0, c, (args.batch,)) for c in cards], 1).to(device)
-    y = torch.randint(0, n_classes, (args.batch,), device=device)
+    cards, n_classes, bins, x_num, x_cat, y = synthetic_batch(args, device)
 
     def ours(**kwargs: object) -> torch.nn.Module:
         return TabularEnsembleNet(args.n_num, cards, n_classes, k=args.k, n_blocks=args.blocks,

@@ -40,7 +40,7 @@ from torch.utils import benchmark
 from ripieno.framework.nn import TabularEnsembleNet
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling bench script, run as a script
-from tabm_full_model import _step, model_arguments  # noqa: E402
+from tabm_full_model import _step, model_arguments, synthetic_batch  # noqa: E402
 
 
 def main() -> None:
@@ -58,12 +58,7 @@ def main() -> None:
         args.k, args.d, args.blocks, args.batch, args.rounds = 4, 64, 2, 64, 3
     device = torch.device(args.device)
     torch.manual_seed(0)
-    cards, n_classes = [5, 3], 2
-    rows = torch.randn(4096, args.n_num)
-    bins = [torch.quantile(rows[:, i], torch.linspace(0, 1, args.n_bins + 1)) for i in range(args.n_num)]
-    x_num = torch.randn(args.batch, args.n_num, device=device)
-    x_cat = torch.stack([torch.randint(0, c, (args.batch,)) for c in cards], 1).to(device)
-    y = torch.randint(0, n_classes, (args.batch,), device=device)
+    cards, n_classes, bins, x_num, x_cat, y = synthetic_batch(args, device)
 
     def net(**kwargs: object) -> torch.nn.Module:
         return TabularEnsembleNet(args.n_num, cards, n_classes, k=args.k, n_blocks=args.blocks,
