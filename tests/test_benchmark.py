@@ -311,3 +311,24 @@ def test_table_splits_are_the_datamodules_rows_and_a_fit_keeps_no_copy():
         assert len(tables.features[split]) == len(datamodule._splits[split])
     assert set(tables.categorical) <= set(tables.features["train"].columns)
     assert "price" not in tables.features["train"]  # the target is not a feature
+
+
+def test_xgboost_node_count_equals_the_dataframe_and_survives_a_boolean_split():
+    """Oracle: ``trees_to_dataframe``'s row count; a boolean column (an indicator split) breaks only it."""
+    import xgboost
+
+    from ripieno.framework.cli.benchmark.models import xgboost_node_count
+
+    rng = np.random.default_rng(0)
+    x = pd.DataFrame({"a": rng.normal(size=400), "c": pd.Categorical(rng.choice(list("xyz"), 400))})
+    y = x["a"] + (x["c"] == "x") + 0.1 * rng.normal(size=400)
+    booster = xgboost.XGBRegressor(n_estimators=20, enable_categorical=True).fit(x, y).get_booster()
+    assert xgboost_node_count(booster) == len(booster.trees_to_dataframe()) > 20
+    x["flag"] = rng.normal(size=400) > 0
+    model = xgboost.XGBRegressor(n_estimators=20, enable_categorical=True)
+    booster = model.fit(x, y + x["flag"]).get_booster()
+    assert "[flag]" in "".join(booster.get_dump())  # the indicator split the text parser rejects
+    with pytest.raises(ValueError, match="text dump"):
+        booster.trees_to_dataframe()
+    dumped = sum(line.strip() != "" for tree in booster.get_dump() for line in tree.splitlines())
+    assert xgboost_node_count(booster) == dumped  # one dump line per node

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
+import json
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -226,8 +227,19 @@ def _fit_xgboost(data: TableSplits, params: dict[str, Any], seed: int) -> tuple[
         eval_set=[(prepare(data.features["val"]), data.targets["val"])],
         verbose=False,
     )
-    frame = model.get_booster().trees_to_dataframe()
-    return model, len(frame), int(model.best_iteration) + 1, prepare
+    return model, xgboost_node_count(model.get_booster()), int(model.best_iteration) + 1, prepare
+
+
+def xgboost_node_count(booster: Any) -> int:
+    """Split and leaf nodes over all trees of an XGBoost ``Booster``, from its JSON model.
+
+    ``Booster.trees_to_dataframe`` counts the same nodes but parses the text dump, which it cannot
+    do for a split on a boolean (indicator) feature, dumped as ``[name]`` (``Failed to parse model
+    text dump``, xgboost 3.x); the JSON model is the library's own structured form.
+    """
+    trees = json.loads(booster.save_raw("json"))["learner"]["gradient_booster"]["model"]["trees"]
+    return sum(int(tree["tree_param"]["num_nodes"]) - int(tree["tree_param"].get("num_deleted", 0))
+               for tree in trees)
 
 
 def _fit_lightgbm(data: TableSplits, params: dict[str, Any], seed: int) -> tuple[Any, int, int, Any]:
