@@ -332,3 +332,17 @@ def test_xgboost_node_count_equals_the_dataframe_and_survives_a_boolean_split():
         booster.trees_to_dataframe()
     dumped = sum(line.strip() != "" for tree in booster.get_dump() for line in tree.splitlines())
     assert xgboost_node_count(booster) == dumped  # one dump line per node
+
+
+def test_a_cell_fitted_again_after_its_failure_is_one_row_and_not_reported_failed(tmp_path):
+    bad = {"xgboost": {"kind": "xgboost", "params": {"n_estimators": 30, "max_depth": -3}}}
+    config, out = _tiny_config(tmp_path, models=bad), tmp_path / "out"
+    main(["benchmark", "-c", str(config), "--out", str(out)])
+    failed = pd.read_csv(out / "results.csv")
+    assert len(failed) == 2 and (failed["state"] == "FAILED").all()
+    config = _tiny_config(tmp_path, models={"xgboost": {"kind": "xgboost", "params": {"n_estimators": 30}}})
+    main(["benchmark", "-c", str(config), "--out", str(out), "--retry_failed"])
+    assert sum(t.state == TrialState.FAIL for t in _trials(out)) == 2  # the store keeps both outcomes
+    results = pd.read_csv(out / "results.csv")
+    assert len(results) == 2 and (results["state"] == "COMPLETE").all()
+    assert "failed" not in (out / "report.md").read_text()

@@ -15,6 +15,7 @@ import importlib
 import multiprocessing
 import warnings
 from pathlib import Path
+from typing import Any
 
 import optuna
 import pandas as pd
@@ -208,10 +209,14 @@ def _progress(trial: FrozenTrial) -> None:
 
 
 def results_frame(config: BenchmarkConfig, study: optuna.Study) -> pd.DataFrame:
-    """One row per finished cell of ``config`` (completed, or failed by its own error with ``error``)."""
+    """One row per finished cell of ``config`` (completed, or failed by its own error with ``error``).
+
+    A cell fitted again after a failure (``--retry_failed``) has one row, its latest outcome; a
+    completed fit always wins over a failed one.
+    """
     kinds = {m.name: m.kind for m in config.models}
     datasets = {d.name for d in config.datasets}
-    rows = []
+    rows: dict[str, dict[str, Any]] = {}
     for trial in study.get_trials(deepcopy=False):
         key = trial.user_attrs.get(cells.CELL_ATTR)
         if key is None or cells.DUPLICATE_ATTR in trial.user_attrs:
@@ -222,18 +227,18 @@ def results_frame(config: BenchmarkConfig, study: optuna.Study) -> pd.DataFrame:
         if trial.state != TrialState.COMPLETE and ERROR_ATTR not in trial.user_attrs:
             continue
         attrs = {k: v for k, v in trial.user_attrs.items() if k != cells.CELL_ATTR}
-        rows.append(
-            {
-                "protocol": cell.protocol,
-                "dataset": cell.dataset,
-                "model": cell.model,
-                "kind": kinds[cell.model],
-                "seed": cell.seed,
-                "state": "COMPLETE" if trial.state == TrialState.COMPLETE else "FAILED",
-                **attrs,
-            }
-        )
-    frame = pd.DataFrame(rows)
+        if rows.get(key, {}).get("state") == "COMPLETE" and trial.state != TrialState.COMPLETE:
+            continue
+        rows[key] = {
+            "protocol": cell.protocol,
+            "dataset": cell.dataset,
+            "model": cell.model,
+            "kind": kinds[cell.model],
+            "seed": cell.seed,
+            "state": "COMPLETE" if trial.state == TrialState.COMPLETE else "FAILED",
+            **attrs,
+        }
+    frame = pd.DataFrame(list(rows.values()))
     if len(frame):  # a stable order: the file's data sets, models and seeds
         order = {c.key: i for i, c in enumerate(cells.wanted_cells(config))}
         keys = [f"{r.protocol}/{r.dataset}/{r.model}/{r.seed}" for r in frame.itertuples()]
