@@ -75,6 +75,13 @@ def synthetic_batch(args: argparse.Namespace, device: torch.device) -> tuple[
     return cards, n_classes, bins, x_num, x_cat, y
 
 
+def ripieno_net(args: argparse.Namespace, cards: list[int], n_classes: int, bins: list[torch.Tensor],
+                **kwargs: object) -> torch.nn.Module:
+    """The ``TabularEnsembleNet`` of ripieno at the bench's sizes (``kwargs``: adapter and options)."""
+    return TabularEnsembleNet(args.n_num, cards, n_classes, k=args.k, n_blocks=args.blocks, d_block=args.d,
+                              dropout=0.1, bins=bins, d_embedding=args.d_embedding, **kwargs)
+
+
 def _step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, x_num: torch.Tensor,
           x_cat: torch.Tensor, y: torch.Tensor) -> None:
     optimizer.zero_grad(set_to_none=True)
@@ -146,9 +153,7 @@ def main() -> None:
     cards, n_classes, bins, x_num, x_cat, y = synthetic_batch(args, device)
 
     def ours(**kwargs: object) -> torch.nn.Module:
-        return TabularEnsembleNet(args.n_num, cards, n_classes, k=args.k, n_blocks=args.blocks,
-                                  d_block=args.d, dropout=0.1, bins=bins, d_embedding=args.d_embedding,
-                                  **kwargs)
+        return ripieno_net(args, cards, n_classes, bins, **kwargs)
 
     variants = {
         "tabm package TabM": lambda: tabm.TabM.make(

@@ -37,10 +37,8 @@ import torch
 from torch._dynamo.utils import counters
 from torch.utils import benchmark
 
-from ripieno.framework.nn import TabularEnsembleNet
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling bench script, run as a script
-from tabm_full_model import _step, model_arguments, synthetic_batch  # noqa: E402
+from tabm_full_model import _step, model_arguments, ripieno_net, synthetic_batch  # noqa: E402
 
 
 def main() -> None:
@@ -61,9 +59,7 @@ def main() -> None:
     cards, n_classes, bins, x_num, x_cat, y = synthetic_batch(args, device)
 
     def net(**kwargs: object) -> torch.nn.Module:
-        return TabularEnsembleNet(args.n_num, cards, n_classes, k=args.k, n_blocks=args.blocks,
-                                  d_block=args.d, dropout=0.1, bins=bins, d_embedding=args.d_embedding,
-                                  **kwargs).to(device).train()
+        return ripieno_net(args, cards, n_classes, bins, **kwargs).to(device).train()
 
     networks = {"rank1 (TabM)": net(adapter="rank1"), "lometab r=4": net(adapter="lometab", rank=4)}
     timers: dict[str, benchmark.Timer] = {}
