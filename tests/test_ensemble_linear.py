@@ -350,13 +350,33 @@ def test_sigma_zero_lometab_starts_as_shared_layer():
 # ---------------------------------------------------------------------------------------------
 # 7. packed / shared
 # ---------------------------------------------------------------------------------------------
-def test_packed_equals_independent_linears():
+@pytest.mark.parametrize("d_out", [4, 1])  # one output: the per-member head of a regression or binary task
+def test_packed_equals_independent_linears(d_out):
     torch.manual_seed(0)
-    layer = randomise_(EnsembleLinear(5, 4, 3, adapter="packed").double())
-    assert layer.weight.shape == (3, 4, 5) and layer.bias.shape == (3, 4)
-    x = torch.randn(6, 3, 5, dtype=D)
+    layer = randomise_(EnsembleLinear(5, d_out, 3, adapter="packed").double())
+    assert layer.weight.shape == (3, d_out, 5) and layer.bias.shape == (3, d_out)
+    x = torch.randn(6, 3, 5, dtype=D, requires_grad=True)
     want = torch.stack([F.linear(x[:, k], layer.weight[k], layer.bias[k]) for k in range(3)], 1)
-    torch.testing.assert_close(layer(x), want, rtol=1e-12, atol=1e-12)
+    got = layer(x)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    grad_y = torch.randn_like(want)
+    got_grads = torch.autograd.grad(got, (x, layer.weight, layer.bias), grad_y)
+    want_grads = torch.autograd.grad(want, (x, layer.weight, layer.bias), grad_y)
+    for g, w in zip(got_grads, want_grads, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("adapter", ADAPTERS)
+@pytest.mark.parametrize("d_out", [4, 1])
+def test_every_gradient_has_its_parameters_strides(adapter, d_out):
+    """DDP's reducer compares each gradient's strides with its parameter's, size-1 dimensions too; a
+    mismatch warns "Grad strides do not match bucket view strides" and costs a copy every step."""
+    layer = EnsembleLinear(5, d_out, 3, adapter=adapter, rank=2)
+    for batch in (2, 64):  # lometab: the factored and the materialised forms
+        layer.zero_grad(set_to_none=True)
+        layer(torch.randn(batch, 3, 5)).square().sum().backward()
+        for name, p in layer.named_parameters():
+            assert p.grad is not None and p.grad.stride() == p.stride(), (name, batch)
 
 
 @pytest.mark.parametrize("adapter", ["shared", "packed", "lometab"])

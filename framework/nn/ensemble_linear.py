@@ -378,6 +378,16 @@ def init_scaling_(tensor: Tensor, kind: ScalingInit, chunks: list[int] | None = 
     return tensor
 
 
+def _per_member_single_output(weight: Tensor, x: Tensor) -> Tensor:
+    """``(K, 1, d) x (B, K, d) -> (B, K, 1)``, as ``(K, 1, d) @ (K, d, B)``.
+
+    This order gives ``weight`` a gradient with ``weight``'s own strides. The transposed product's (and
+    einsum's) has another stride in the size-1 dimension, which DDP's reducer reports ("Grad strides do
+    not match bucket view strides") and copies every step.
+    """
+    return torch.bmm(weight, x.permute(1, 2, 0)).permute(2, 0, 1)
+
+
 class EnsembleLinear(nn.Module):
     """A linear layer for K members, parametrised by one of five adapters.
 
@@ -531,12 +541,16 @@ class EnsembleLinear(nn.Module):
             return nn.functional.linear(x, self.weight, self.bias)
         if self.adapter == "rank1":
             y = ((x * self.r) @ self.weight.T) * self.s
+        elif self.adapter == "packed" and self.out_features == 1:
+            y = _per_member_single_output(self.weight, x)
         elif self.adapter == "packed":
             y = torch.bmm(x.transpose(0, 1), self.weight.transpose(1, 2)).transpose(0, 1)
         elif self.adapter == "additive" and self.compute != "materialized":
             # W x + A_k (B_k^T x): one shared matmul plus two thin per-member products.
             proj = torch.einsum("bki,kir->bkr", x, self.adapter_b)
-            y = x @ self.weight.T + torch.einsum("bkr,kor->bko", proj, self.adapter_a)
+            low_rank = (_per_member_single_output(self.adapter_a, proj) if self.out_features == 1
+                        else torch.einsum("bkr,kor->bko", proj, self.adapter_a))
+            y = x @ self.weight.T + low_rank
         elif self.adapter == "lometab" and self.uses_factored(x.shape[0]):
             # W_k x = W x + sum_j a_kj * (W (b_kj * x)): rank + 1 shared matmuls.
             ones_b = self.adapter_b.new_ones(self.k, self.in_features, 1)
