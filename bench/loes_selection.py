@@ -73,11 +73,14 @@ def main() -> None:
     config.num_hidden_layers = 24
     deep = AutoModel.from_config(config).eval()
     rows = []
+    minilm_layers: list[torch.Tensor] = []
     for name, model in (("MiniLM (7 hidden states)", minilm), ("random BERT-24 (25 hidden states)", deep)):
         start = time.perf_counter()
         emb, labels = extract_layer_embeddings(model, batches, keys, "mean", progress=False)
         extraction = time.perf_counter() - start
         layers = list(emb.unbind(0))
+        if model is minilm:
+            minilm_layers = layers
         for label, options in SELECTIONS:
             times = []
             for _ in range(args.repeats):
@@ -94,13 +97,35 @@ def main() -> None:
     for name, label, extraction, selection, layers in rows:
         print(f"{name:36s} {label:11s} {extraction:10.2f} {selection:9.3f} "
               f"{100 * selection / extraction:14.2f}%  {layers}")
-    minilm_rows = [r for r in rows if r[0].startswith("MiniLM")]
-    verdicts = []
-    for variant in ("ours", "reference"):
-        worst = max(r[3] / r[2] for r in minilm_rows if r[1].startswith(variant))
-        verdicts.append(f"{variant} {100 * worst:.2f}% ({'met' if worst < 0.01 else 'NOT met'})")
-    print("target: selection under 1% of extraction for MiniLM, worst row per variant: "
+    verdicts = [f"{label} {100 * selection / extraction:.2f}%"
+                f" ({'met' if selection < 0.01 * extraction else 'NOT met'})"
+                for name, label, extraction, selection, _ in rows if name.startswith("MiniLM")]
+    print("target: selection under 1% of extraction for MiniLM (ours' default loss is the in-sample one): "
           + "; ".join(verdicts))
+    floor, products = _product_floor(minilm_layers, args.k, args.repeats)
+    print(f"floor: the {products} products over the rows that ours needs for MiniLM (one Gram per layer, one"
+          f" cross block per chosen layer and candidate; float64) take {floor * 1000:.0f} ms alone,"
+          f" {100 * floor / rows[0][2]:.2f}% of its extraction")
+
+
+def _product_floor(layers: list[torch.Tensor], k: int, repeats: int) -> tuple[float, int]:
+    """Median seconds of the sample-dimension GEMMs (``N D^2`` each) a K-step selection cannot skip."""
+    centred = [x.double() - x.double().mean(dim=0) for x in layers]
+    count = len(centred) + sum(len(centred) - 1 - step for step in range(k - 1))
+
+    def products() -> None:
+        for x in centred:
+            x.T @ x
+        for step in range(k - 1):
+            for other in centred[step + 1:]:
+                centred[step].T @ other
+
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        products()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), count
 
 
 if __name__ == "__main__":
