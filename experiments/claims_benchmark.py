@@ -37,7 +37,7 @@ from pathlib import Path
 import pandas as pd
 
 from experiments.claim_rows import ClaimRow, Verdict, claims_table
-from experiments.runs import results_dir, write_text
+from experiments.runs import results_dir, shown_path, write_text
 from ripieno.framework.cli.benchmark.report import compare, overall, summary
 from ripieno.framework.cli.main import main as ripieno_main
 
@@ -190,7 +190,8 @@ def tuned_rows(frame: pd.DataFrame, command: str, reduced: bool, data: str) -> l
 def claim_rows(out: Path, *, reduced: bool) -> list[ClaimRow]:
     """Run (or resume) the benchmarks, write the claim rows under ``out``, return them."""
     out.mkdir(parents=True, exist_ok=True)
-    command = "python -m experiments.claims_benchmark" + (" --reduced" if reduced else "") + f" --out {out}"
+    command = ("python -m experiments.claims_benchmark" + (" --reduced" if reduced else "")
+               + f" --out {shown_path(out)}")
     start = time.perf_counter()
     if reduced:
         default = run("benchmarks/tabular_ci", out / "default")

@@ -54,7 +54,7 @@ import pandas as pd
 
 from experiments import loes_comparison
 from experiments.claim_rows import ClaimRow, Verdict, by_outcome, compare, mean_std, verdict
-from experiments.runs import results_dir
+from experiments.runs import results_dir, shown_path
 
 #: dataset -> (selection recipe, description).
 DATASETS: dict[str, tuple[str, str]] = {
@@ -326,7 +326,7 @@ def claim_rows(out: Path, *, reduced: bool, from_csv: bool = False, encoders: bo
         budget = REDUCED if reduced else FULL
     out.mkdir(parents=True, exist_ok=True)
     command = ("python -m experiments.claims_loes" + (" --reduced" if reduced else "")
-               + (" --encoders" if encoders else "") + f" --out {out}")
+               + (" --encoders" if encoders else "") + f" --out {shown_path(out)}")
     seconds: dict[str, float] = {}
     selection, georeg = {}, {}
     for dataset in budget.datasets:

@@ -44,7 +44,7 @@ import pandas as pd
 import yaml
 
 from experiments.claim_rows import ClaimRow, claims_table, compare, mean_std, verdict
-from experiments.runs import make_cli, quiet_lightning, results_dir, write_text
+from experiments.runs import make_cli, quiet_lightning, results_dir, shown_path, write_text
 from ripieno.framework.cli.main import main as ripieno_main
 
 SIGMA_KEY, MU_KEY, KERNEL_KEY = "model.init_args.sigma", "model.init_args.mu", "model.init_args.kernel"
@@ -210,7 +210,7 @@ def claim_rows(out: Path, *, reduced: bool, only: tuple[str, ...] = ()) -> list[
     targets = {n: t for n, t in targets.items() if not only or n in only}
     out.mkdir(parents=True, exist_ok=True)
     command = "python -m experiments.claims_mcover_tuning" + (" --reduced" if reduced else "")
-    command += f" --out {out}"
+    command += f" --out {shown_path(out)}"
     start, claims, seconds = time.perf_counter(), [], {}
     for name, target in targets.items():
         begin = time.perf_counter()

@@ -80,6 +80,21 @@ def results_dir(name: str) -> Path:
     return RESULTS_DIR / name
 
 
+def shown_path(path: Path) -> str:
+    """``path`` as a command line in a report shows it: relative to the repository when inside it.
+
+    Args:
+        path: An output folder.
+
+    Returns:
+        The path relative to the repository root (so the command reruns on any checkout), else as given.
+    """
+    try:
+        return str(Path(path).resolve().relative_to(RESULTS_DIR.parents[1]))
+    except ValueError:
+        return str(path)
+
+
 def resolve_recipe(parser: argparse.ArgumentParser, recipe: str | Path) -> Path:
     """The file of a ``--recipe`` value (shipped name or path); ``parser.error`` if none.
 

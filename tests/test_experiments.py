@@ -19,7 +19,7 @@ from experiments import (
     runs,
     uq_comparison,
 )
-from experiments.runs import prepare_recipe
+from experiments.runs import prepare_recipe, results_dir, shown_path
 from ripieno.framework.cli.recipes import find_recipe
 
 REPO = Path(__file__).resolve().parents[1]
@@ -327,3 +327,9 @@ def test_sweep_and_curves_take_adapter_inits_and_seeds(tmp_path):
         diversity_over_training.main(["--recipe", RECIPE, "--adapter_inits", "plain",
                                       "--compare", "lometab:plain", "--max_epochs", "1",
                                       "--out", str(out), *TINY])
+
+
+def test_a_claim_rows_command_names_a_default_output_folder_relative_to_the_repository(tmp_path):
+    """Rows are committed: their commands must rerun on any checkout, not only in the folder they ran in."""
+    assert shown_path(results_dir("claims/benchmark")) == "docs/results/claims/benchmark"
+    assert shown_path(tmp_path / "out") == str(tmp_path / "out")  # outside the repository: as given
