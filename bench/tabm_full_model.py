@@ -24,16 +24,17 @@ Where LoMETab's cost goes, and what is left of the gap
     ``materialized`` order builds the ``(K, out, in)`` member weights, runs batched GEMMs
     on them, and in backward needs the ``(K, out, in)`` member-weight gradients for the
     gradients of ``A_k``, ``B_k`` and ``W``. Its GEMMs do the same multiply-adds as TabM's
-    (measured alike, about 28 ms each per 512 x 512 layer here); what LoMETab adds is
-    about six elementwise passes over ``(K, out, in)`` tensors per layer and the thin
-    rank-r products. Formed for all 32 members at once these are 32 MiB each and went to
+    (measured alike: 45-48 ms each for the forward of one 512 x 512 layer on the 2-core
+    EPYC); what LoMETab adds is about six elementwise passes over ``(K, out, in)``
+    tensors per layer and the thin rank-r products.
+    Formed for all 32 members at once these are 32 MiB each and went to
     DRAM and back on every pass (a 1.25x-1.33x step before); ``_LoMEMatmul`` now forms
     them two members (2 MiB) at a time so each pass hits cache, and runs the thin
-    gradient products of ``A_k``, ``B_k`` with the rank as the GEMM's rows (5-7x faster
-    in the CPU BLAS than the other orientation). What remains (a few percent, within the
-    run-to-run noise of this machine) is those cache-resident passes, the rank-r
-    products and one ``torch.cat`` of the output per layer (kept so that ``vmap`` can
-    run the forward). The ``factored`` order runs ``rank + 1`` shared GEMMs on inputs
+    gradient products of ``A_k``, ``B_k`` both with the rank as the GEMM's rows (4-13x
+    faster in MKL than the other orientation; ``grad_A`` ran in the slow one until
+    2026-12-07, which cost about 8 ms per 512 x 512 layer and step). What remains (within
+    the run-to-run noise of this machine at r=4) is those cache-resident passes and the
+    rank-r products. The ``factored`` order runs ``rank + 1`` shared GEMMs on inputs
     scaled by the columns of ``B_k`` (about ``rank + 1`` times TabM's multiply-adds);
     ``auto`` picks it only for small ``batch * (rank + 1)``.
 
