@@ -10,13 +10,18 @@ What is measured
     ``set_to_none``). Rows: ``tabm.TabM`` (arch ``tabm``), ours ``rank1`` (the same
     network, tested equal to the package's in ``tests/test_tabm_equivalence.py``), ours
     ``lometab`` at r=4 and r=16 (``compute="auto"``) and r=4 with ``materialized`` and
-    ``factored`` forced.
+    ``factored`` forced. At the default batch ``auto`` runs the ``materialized`` order, so
+    those two rows run the same code: how far apart they land is the run's noise.
 
 Time
-    ``torch.utils.benchmark.Timer``; the variants interleave over ``--rounds`` rounds (one
-    warm-up step each first), and the table shows the median step in ms and its ratio to
-    the package's TabM, measured side by side in this one process with the thread count
-    printed.
+    ``torch.utils.benchmark.Timer``; every variant takes one warm-up step, then the variants
+    interleave over ``--rounds`` rounds (the order rotates each round), each timed over
+    ``--steps`` consecutive steps. The ratio column is the median over rounds of each round's
+    time divided by the package's time in the same round (paired, so a slow spell of this
+    shared machine hits both sides of a ratio alike), with the spread of those per-round
+    ratios (25th-75th percentile); the ms column is the median step. The ``factored`` row,
+    about 7x slower, is timed after the rounds (3 samples) so that it does not space the
+    others' samples apart. Thread count printed.
 
 Where LoMETab's cost goes, and what is left of the gap
     TabM's member weight is never formed: ``((x * r_k) @ W^T) * s_k`` costs one shared
@@ -148,6 +153,8 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     model_arguments(parser)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--steps", type=int, default=2, help="consecutive steps per timed sample")
+    parser.set_defaults(rounds=15)
     args = parser.parse_args()
     device = torch.device(args.device)
     torch.manual_seed(0)
@@ -176,12 +183,16 @@ def main() -> None:
         timers[name] = benchmark.Timer("step(model, opt, x_num, x_cat, y)",
                                        globals={"step": _step, "model": model, "opt": optimizer,
                                                 "x_num": x_num, "x_cat": x_cat, "y": y})
+    apart = [name for name in variants if name.endswith("factored")]
+    names = [name for name in variants if name not in apart]
     times: dict[str, list[float]] = {name: [] for name in variants}
-    names = list(variants)
     for r in range(args.rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
-            times[name].append(timers[name].timeit(1).median * 1e3)
-    base = statistics.median(times["tabm package TabM"])
+            times[name].append(timers[name].timeit(args.steps).mean * 1e3)
+    for name in apart:
+        times[name] = [timers[name].timeit(1).mean * 1e3 for _ in range(3)]
+    base_times = times["tabm package TabM"]
+    base = statistics.median(base_times)
     lometab = variants["ripieno lometab r=4"]().to(device).train()
     extra, stream = _member_weight_work(lometab)
     extra_ms = statistics.median(benchmark.Timer("f()", globals={"f": extra}).timeit(1).median * 1e3
@@ -190,11 +201,16 @@ def main() -> None:
                                   for _ in range(args.rounds))
     print(f"one training step, K={args.k}, d_block={args.d}, {args.blocks} blocks, batch {args.batch}, PLE "
           f"({args.n_num} features x {args.n_bins} bins), device {device}, torch threads "
-          f"{torch.get_num_threads()}, median of {args.rounds} interleaved rounds")
-    print(f"{'variant':<36} {'ms':>9} {'ratio to tabm':>14}")
-    for name in names:
+          f"{torch.get_num_threads()}, {args.rounds} interleaved rounds of {args.steps} steps")
+    print(f"{'variant':<36} {'ms':>9} {'ratio to tabm':>14} {'per-round ratio 25-75%':>24}")
+    for name in variants:
         ms = statistics.median(times[name])
-        print(f"{name:<36} {ms:>9.1f} {ms / base:>14.2f}")
+        if name in apart:
+            print(f"{name:<36} {ms:>9.1f} {ms / base:>14.2f} {'(timed apart, 3 steps)':>24}")
+            continue
+        ratios = [t / b for t, b in zip(times[name], base_times, strict=True)]
+        low, _, high = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else (ratios[0],) * 3
+        print(f"{name:<36} {ms:>9.1f} {statistics.median(ratios):>14.2f} {f'{low:.2f}-{high:.2f}':>24}")
     lometab_ms = statistics.median(times["ripieno lometab r=4"])
     print(f"LoMETab r=4's own work (member weights and their gradients, chunked as in the step):"
           f" {extra_ms:.1f} ms, {extra_ms / lometab_ms:.0%} of its step;"
