@@ -324,3 +324,53 @@ def test_selection_threads_are_opt_in_and_restored(monkeypatch: pytest.MonkeyPat
     select_layers(layers, labels, 2)
     assert seen == [before, 1]
     assert torch.get_num_threads() == before
+
+
+def _count_calls(monkeypatch: pytest.MonkeyPatch, name: str) -> list[Any]:
+    """Record the return value of every call of ``_GramScorer.<name>``."""
+    calls: list[Any] = []
+    original = getattr(selection_module._GramScorer, name)
+
+    def spy(self: Any, *args: Any) -> Any:
+        calls.append(result := original(self, *args))
+        return result
+
+    monkeypatch.setattr(selection_module._GramScorer, name, spy)
+    return calls
+
+
+def test_well_conditioned_blocks_come_from_cholesky(monkeypatch: pytest.MonkeyPatch, no_fallback: None) -> None:
+    """Full-rank residual Grams take the Cholesky basis (no eigendecomposition), with the oracle's scores."""
+    cholesky, eigh = _count_calls(monkeypatch, "_cholesky_block"), _count_calls(monkeypatch, "_eigh_block")
+    layers, base = layered_features(7, 300, 64, seed=5)
+    labels = (base[:, 0] > 0).astype(int) + (base[:, 1] > 0.5)
+    weights = {"lam": 0.5, "alpha": 0.3, "gamma": 0.2, "eta": 0.1}
+    result = select_layers(layers, labels, 4, **weights)
+    chosen, rows = oracle_ripieno(layers, np.eye(3)[labels], labels, 4, iso="participation", loss="train",
+                                  **weights)
+    assert result.layers == chosen
+    assert_scores_match(result, rows)
+    assert len(cholesky) == 3 and all(block is not None for block in cholesky) and eigh == []
+
+
+@pytest.mark.parametrize("loss", ["train", "loo"])
+def test_rank_deficient_block_is_declined_by_cholesky_and_taken_from_eigh(
+        monkeypatch: pytest.MonkeyPatch, loss: str) -> None:
+    """A chosen layer that repeats half of an earlier one has a rank-deficient residual Gram.
+
+    Cholesky must decline it (a triangular basis would span rounding noise); the eigendecomposition
+    then drops the null directions, and every score still equals the oracle's.
+    """
+    cholesky, eigh = _count_calls(monkeypatch, "_cholesky_block"), _count_calls(monkeypatch, "_eigh_block")
+    layers, _ = layered_features(5, 300, 64, seed=9)
+    rng = np.random.default_rng(1)
+    layers[3] = np.concatenate([layers[1][:, :32], rng.normal(size=(300, 32))], axis=1)
+    weights = {"lam": 0.5, "alpha": 0.0, "gamma": 0.0, "eta": 0.0}
+    # Layers 1 and 3 together explain most of it; what is left, each other layer explains a bit of.
+    y = 3 * (layers[1][:, 32:].sum(1) + layers[3][:, 32:].sum(1)) + sum(layers[i][:, i] for i in (0, 2, 4))
+    result = select_layers(layers, y, 4, loss=loss, **weights)
+    chosen, rows = oracle_ripieno(layers, y[:, None], None, 4, iso="participation", loss=loss, **weights)
+    assert result.layers == chosen
+    assert_scores_match(result, rows)
+    assert sorted(chosen[:2]) == [1, 3]  # both get a block, the second one's residual is deficient
+    assert None in cholesky and any(block is not None for block in eigh)

@@ -52,6 +52,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ripieno.framework.loes.geometry import thin_matmul
+
 #: The reference's defaults (``alpha, gamma, eta, reg``).
 REFERENCE_DEFAULTS: dict[str, float] = {"alpha": 1.0, "gamma": 0.5, "eta": 0.1, "reg": 1e-3}
 #: Ridge of the orthogonalisation against the selected layers.
@@ -82,8 +84,8 @@ def reference_ridge_prediction(x: Tensor, y: Tensor, reg: float) -> Tensor:
 def _centred_ridge_prediction(xc: Tensor, gram: Tensor, y: Tensor, reg: float) -> Tensor:
     """``reference_ridge_prediction`` given the centred features and their Gram ``xc^T xc``."""
     y_mean = y.mean(dim=0, keepdim=True)
-    weights = _solve_accurately(gram, reg, xc.T @ (y - y_mean))
-    return xc @ weights + y_mean
+    weights = _solve_accurately(gram, reg, thin_matmul(xc.T, y - y_mean))
+    return thin_matmul(xc, weights) + y_mean
 
 
 def _solve_accurately(gram: Tensor, ridge: float, rhs: Tensor) -> Tensor:
@@ -403,12 +405,14 @@ class _SelectionProducts:
         sc = [self.centred[c] for c in self.selection]
         sizes = [s.shape[1] for s in sc]
         if self.selection_targets is None or self.selection_targets[0] is not y:
-            self.selection_targets = (y, torch.cat([s.T @ yc for s in sc], dim=0))
+            self.selection_targets = (y, torch.cat([thin_matmul(s.T, yc) for s in sc], dim=0))
         sc_y = self.selection_targets[1]
-        rhs = xc.T @ yc - part.coef.T @ sc_y - part.mean.T @ yc.sum(dim=0, keepdim=True)
+        rhs = (thin_matmul(xc.T, yc) - thin_matmul(part.coef.T, sc_y)
+               - part.mean.T @ yc.sum(dim=0, keepdim=True))
         weights = _solve_accurately(part.gram, reg, rhs).to(xc.dtype)
-        coef_w = (part.coef @ weights).split(sizes)
-        fitted = xc @ weights - sum(s @ w for s, w in zip(sc, coef_w, strict=True)) - part.mean @ weights
+        coef_w = thin_matmul(part.coef, weights).split(sizes)
+        fitted = (thin_matmul(xc, weights) - sum(thin_matmul(s, w) for s, w in zip(sc, coef_w, strict=True))
+                  - part.mean @ weights)
         return fitted + y_mean
 
     def redundancy(self, layer: int, chosen: list[int]) -> Tensor:

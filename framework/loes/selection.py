@@ -74,6 +74,7 @@ from ripieno.framework.loes.geometry import (
     ridge_fit,
     ridge_loss,
     span_basis,
+    thin_matmul,
     triangle_score,
 )
 from ripieno.framework.loes.reference import ReferenceWeights, reference_greedy
@@ -574,7 +575,8 @@ class _Block:
 
     layer: int
     t: list[Tensor]  # T[i]: (D_{c_i}, r_j), i <= j
-    s_max: float  # largest singular value of the layer's residual (kept or not)
+    s_low: float  # lower bound of the largest singular value of the layer's residual (kept or not)
+    s_high: float  # upper bound of it (both exact when the block comes from an eigendecomposition)
     dropped_max: float  # largest singular value below the cutoff (0 if none)
     u: Tensor | None  # U_j itself (N, r_j), kept for the leave-one-out leverages only
 
@@ -639,7 +641,7 @@ class _GramScorer:
         self.fit_factor: Tensor | None = None  # Cholesky factor of Sc^T Sc + lam I
         self.first_factors: dict[int, Tensor] = {}  # step 0's chol(Xc^T Xc + lam I) of every layer
         self.yc = None if targets.matrix is None else targets.matrix - targets.matrix.mean(dim=0)
-        self.xty = None if self.yc is None else [x.T @ self.yc for x in self.xc]  # Xc^T Yc
+        self.xty = None if self.yc is None else [thin_matmul(x.T, self.yc) for x in self.xc]  # Xc^T Yc
         self.tri = targets.labels is not None and targets.num_classes >= 3
         self.class_means = None
         if self.tri:
@@ -681,32 +683,18 @@ class _GramScorer:
         dims = sum(self.views[i].shape[1] for i in self.chosen) + self.views[layer].shape[1]
         if dims > self.n:  # span_basis takes its SVD branch there
             return False
-        evals, vecs = torch.linalg.eigh(self.resid_gram[layer])
-        s = evals.clamp_min(0).sqrt()
-        eps = torch.finfo(s.dtype).eps
+        eps = torch.finfo(self.resid_gram[layer].dtype).eps
         maxdim = max(self.n, dims)
         factor = max(maxdim * eps, math.sqrt(maxdim * eps))  # span_basis's cutoff over s_max
-        # s_max of the whole selection: exact for one layer, else bracketed by the largest block
-        # singular value or Gram diagonal below and the sum of the layers' squared norms above.
         members = [*self.chosen, layer]
-        low = float(s.max())
-        if self.blocks:
-            low = math.sqrt(max(low**2, *(b.s_max**2 for b in self.blocks),
-                                *(float(self.gram[i].diagonal().max()) for i in members)))
-        keep = s > factor * low
-        base = vecs[:, keep] / s[keep]
-        t_new: list[Tensor] = []
-        for i in range(len(self.blocks)):  # U_new = (Xc - sum_j U_j A_j) V / s
-            t_new.append(-sum(self.blocks[j].t[i] @ (self.coords[layer][j] @ base)
-                              for j in range(i, len(self.blocks))))
-        t_new.append(base)
-        dropped = s[~keep]
+        block = self._cholesky_block(layer, factor, members)
+        if block is None:
+            block = self._eigh_block(layer, factor, members)
+            if block is None:
+                return False
         u = None
-        if self.resid is not None:
-            u = self.resid[layer] @ base
-        block = _Block(layer, t_new, float(s.max()), float(dropped.max()) if dropped.numel() else 0.0, u)
-        if self.blocks and not self._split_is_clear([*self.blocks, block], factor, low):
-            return False
+        if self.resid is not None:  # U_new itself, for the leave-one-out leverages
+            u = block.u = self.resid[layer] @ block.t[-1]
         # Every other layer: one cross-Gram block, its coordinates on the new block, its residual.
         self.blocks.append(block)
         for other in range(len(self.views)):
@@ -725,6 +713,71 @@ class _GramScorer:
         self._extend_fit_factor(layer)
         return True
 
+    def _selection_low(self, s_low: float, members: list[int]) -> float:
+        """A lower bound of the whole selection's largest singular value, given the new block's ``s_low``.
+
+        Exact for one layer from its spectrum, else the largest block singular value or Gram
+        diagonal below it.
+        """
+        if not self.blocks:
+            return s_low
+        return math.sqrt(max(s_low**2, *(b.s_low**2 for b in self.blocks),
+                             *(float(self.gram[i].diagonal().max()) for i in members)))
+
+    def _new_block(self, layer: int, base: Tensor, s_low: float, s_high: float, dropped_max: float) -> _Block:
+        """The block ``U_new = (Xc - sum_j U_j A_j) base`` of a chosen layer, as coefficients."""
+        t_new: list[Tensor] = []
+        for i in range(len(self.blocks)):
+            t_new.append(-sum(self.blocks[j].t[i] @ (self.coords[layer][j] @ base)
+                              for j in range(i, len(self.blocks))))
+        t_new.append(base)
+        return _Block(layer, t_new, s_low, s_high, dropped_max, None)
+
+    def _cholesky_block(self, layer: int, factor: float, members: list[int]) -> _Block | None:
+        """The new block from the Cholesky factor ``L`` of the residual Gram, ``base = L^-T``.
+
+        ``U = H~ L^-T`` is orthonormal and spans all of ``H~``: the joint SVD keeps every direction
+        when the smallest singular value, at least ``1 / ||L^-1||_F``, clears the cutoff by
+        ``_split_is_clear``'s margins (with ``s_max`` bracketed by the Gram's largest diagonal
+        entry and its Frobenius norm). A Cholesky factor and a triangular inverse cost about a
+        fifth of ``eigh``'s eigenvectors; ``None`` (declined: ``_eigh_block`` decides) when the
+        factorisation fails or the margins do not hold.
+        """
+        gram = self.resid_gram[layer]
+        chol, info = torch.linalg.cholesky_ex(gram)
+        s_low = math.sqrt(max(float(gram.diagonal().max()), 0.0))
+        # 1 / ||L^-1||_F <= min L_ii and s_max of the selection >= s_low: a pivot this small is sure
+        # to fail the margin, so decline before the inverse. Hidden states right after a LayerNorm
+        # get here: one exact linear constraint per row makes their Gram singular.
+        if int(info) != 0 or float(chol.diagonal().min()) < _KEEP_MARGIN * factor * s_low:
+            return None
+        eye = torch.eye(gram.shape[0], dtype=gram.dtype, device=gram.device)
+        base = torch.linalg.solve_triangular(chol, eye, upper=False).T  # L^-T, upper triangular
+        if not bool(torch.isfinite(base).all()):
+            return None
+        s_high = math.sqrt(float(torch.linalg.matrix_norm(gram)))
+        block = self._new_block(layer, base, s_low, s_high, 0.0)
+        low = self._selection_low(s_low, members)
+        return block if self._split_is_clear([*self.blocks, block], factor, low) else None
+
+    def _eigh_block(self, layer: int, factor: float, members: list[int]) -> _Block | None:
+        """The new block from the eigenvectors ``V`` of the residual Gram: ``base = V / s``, kept ``s``.
+
+        ``None`` when the spectrum is not clearly split at the cutoff (the step is then scored from
+        the features).
+        """
+        evals, vecs = torch.linalg.eigh(self.resid_gram[layer])
+        s = evals.clamp_min(0).sqrt()
+        s_max = float(s.max())
+        low = self._selection_low(s_max, members)
+        keep = s > factor * low
+        dropped = s[~keep]
+        block = self._new_block(layer, vecs[:, keep] / s[keep], s_max, s_max,
+                                float(dropped.max()) if dropped.numel() else 0.0)
+        if self.blocks and not self._split_is_clear([*self.blocks, block], factor, low):
+            return None
+        return block
+
     def _split_is_clear(self, blocks: list[_Block], factor: float, low: float) -> bool:
         """Whether the joint SVD keeps exactly the blocks' kept directions.
 
@@ -732,7 +785,7 @@ class _GramScorer:
         inverse of ``R``, so its kept singular values are at least ``1/||T||_F - 2e`` and the others
         at most ``e``; ``s_max`` lies between ``low`` and the root of the summed squared norms.
         """
-        high = math.sqrt(blocks[0].s_max ** 2 + sum(float(self.gram_norm[b.layer]) for b in blocks[1:]))
+        high = math.sqrt(blocks[0].s_high ** 2 + sum(float(self.gram_norm[b.layer]) for b in blocks[1:]))
         e = math.sqrt(sum(b.dropped_max**2 for b in blocks))
         t_norm = math.sqrt(sum(float(t.square().sum()) for b in blocks for t in b.t))
         kept_low = math.inf if t_norm == 0 else 1.0 / t_norm - 2 * e
@@ -768,7 +821,8 @@ class _GramScorer:
             chosen = self.chosen
             solved = torch.cholesky_solve(torch.cat([self.xty[c] for c in chosen], dim=0), self.fit_factor)
             coef = list(solved.split([self.views[c].shape[1] for c in chosen]))
-            residual = self.yc - sum(self.xc[c] @ part for c, part in zip(chosen, coef, strict=True))
+            residual = self.yc - sum(thin_matmul(self.xc[c], part)
+                                     for c, part in zip(chosen, coef, strict=True))
             residual = residual - residual.mean(dim=0)
         # U_j^T Rc from Xc_{c_i}^T Rc = Xc_{c_i}^T Yc - sum_m (Xc_{c_i}^T Xc_{c_m}) coef_m.
         chosen = self.chosen
@@ -784,7 +838,7 @@ class _GramScorer:
         for m, part in enumerate(coef):
             a, b = chosen[i], chosen[m]
             block = self.gram[a] if m == i else self.cross[(a, b)] if m > i else self.cross[(b, a)].T
-            out = out - block @ part
+            out = out - thin_matmul(block, part)
         return out
 
     def _apply_basis(self, coords: list[Tensor]) -> Tensor:
@@ -792,7 +846,7 @@ class _GramScorer:
         chosen = self.chosen
         per_layer = [sum(self.blocks[j].t[i] @ coords[j] for j in range(i, len(self.blocks)))
                      for i in range(len(chosen))]
-        return sum(self.xc[c] @ w for c, w in zip(chosen, per_layer, strict=True))
+        return sum(thin_matmul(self.xc[c], w) for c, w in zip(chosen, per_layer, strict=True))
 
     def _basis_class_means(self) -> list[Tensor]:
         assert self.class_means is not None
@@ -845,7 +899,7 @@ class _GramScorer:
             self.first_factors[layer] = factor
         assert self.xty is not None
         # b = H~^T Rc = Xc^T Rc - A^T U^T Rc, with Xc^T Rc = Xc^T Yc - sum_i (Xc_{c_i}^T Xc)^T coef_i.
-        rhs = self.xty[layer] - sum(self.cross[(c, layer)].T @ part
+        rhs = self.xty[layer] - sum(thin_matmul(self.cross[(c, layer)].T, part)
                                     for c, part in zip(self.chosen, fit.coef, strict=True))
         rhs = rhs - sum(a.T @ p for a, p in zip(self.coords[layer], fit.units, strict=True))
         weights = torch.cholesky_solve(rhs, factor)
@@ -857,12 +911,12 @@ class _GramScorer:
             scale = fit.sq + bw.abs() + (self.weights.lam + norm) * ww
             if float(sse) > 1e6 * gram.shape[0] * torch.finfo(sse.dtype).eps * float(scale):
                 return sse / numel
-            residual = fit.residual - self.xc[layer] @ weights
+            residual = fit.residual - thin_matmul(self.xc[layer], weights)
             if self.coords[layer]:
                 residual = residual + self._apply_basis([a @ weights for a in self.coords[layer]])
             return residual.square().mean()
         assert self.resid is not None
-        residual = fit.residual - self.resid[layer] @ weights
+        residual = fit.residual - thin_matmul(self.resid[layer], weights)
         # Leverages h_i^T (G~ + lam I)^-1 h_i from the inverse: one GEMM over the rows, about twice as
         # fast on CPU as the triangular solve against every row, and as accurate for this SPD matrix.
         features = self.resid[layer]
