@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, jvp, vmap
 
+from ripieno.framework.nn import ensemble_linear
 from ripieno.framework.nn.ensemble_linear import (
     ADAPTERS,
     CPU_CHUNK_ELEMENTS,
@@ -192,6 +193,39 @@ def test_lome_matmul_grads_equal_autograd_of_definition(chunk, create_graph, ran
                                   create_graph=create_graph)
         for i, g in zip(wanted, got, strict=True):
             torch.testing.assert_close(g, expected[i], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("plain", [False, True])
+def test_lome_matmul_grads_in_both_thin_orientations(monkeypatch, plain):
+    """Whichever orientation ``_plain_thin_is_faster`` picks for ``grad_A``, the gradients are exact."""
+    monkeypatch.setattr(ensemble_linear, "_plain_thin_is_faster", lambda g, rank: plain)
+    inputs = lome_inputs(chunk=2, rank=2)
+    tensors = inputs[:4]
+    grad_y = torch.randn(3, 3, 3, dtype=D)
+    expected = torch.autograd.grad(lome_reference(*tensors), tensors, grad_y)
+    for create_graph in (False, True):
+        got = torch.autograd.grad(_LoMEMatmul.apply(*inputs), tensors, grad_y, create_graph=create_graph)
+        for g, e in zip(got, expected, strict=True):
+            torch.testing.assert_close(g, e, rtol=1e-12, atol=1e-12)
+
+
+def test_thin_orientation_is_timed_once_per_shape_without_drawing_random_numbers(monkeypatch):
+    monkeypatch.setattr(ensemble_linear, "_PLAIN_THIN_FASTER", {})
+    timed = []
+    original = ensemble_linear._best_seconds
+    monkeypatch.setattr(ensemble_linear, "_best_seconds", lambda fn: timed.append(fn) or original(fn, 1))
+    g = torch.zeros(2, 16, 8)
+    state = torch.get_rng_state()
+    first = ensemble_linear._plain_thin_is_faster(g, 4)
+    assert ensemble_linear._plain_thin_is_faster(g, 4) is first and len(timed) == 2  # cached
+    ensemble_linear._plain_thin_is_faster(torch.zeros(2, 16, 8, dtype=torch.float64), 4)
+    assert len(timed) == 4 and len(ensemble_linear._PLAIN_THIN_FASTER) == 2  # one entry per dtype
+    assert torch.equal(torch.get_rng_state(), state)
+    # A transposed view always takes the rank-as-rows form, without timing.
+    factor = torch.randn(2, 8, 3)
+    big = torch.randn(2, 8, 16).transpose(1, 2)
+    torch.testing.assert_close(ensemble_linear._thin_product(big, factor), big @ factor)
+    assert len(timed) == 4
 
 
 def test_lome_matmul_gradcheck_forward_mode():
