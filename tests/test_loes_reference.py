@@ -199,3 +199,32 @@ def test_reference_defaults_are_the_reference_defaults() -> None:
     explicit = select_layers(x, y, 2, variant="reference", alpha=1.0, gamma=0.5, eta=0.1, lam=1e-3)
     assert default.layers == explicit.layers and default.variant == "reference"
     assert default.fused.dtype == torch.float32
+
+
+def test_extended_inverse_equals_the_direct_inverse() -> None:
+    """A step's ``(Sc^T Sc + 1e-6 I)^-1`` grown from the previous step's by its Schur complement."""
+    rng = np.random.default_rng(0)
+    x = torch.from_numpy(rng.normal(size=(60, 12)))
+    gram = x.T @ x + ref.ORTHOGONALIZATION_RIDGE * torch.eye(12, dtype=torch.float64)
+    grown = ref._extended_inverse(torch.linalg.inv(gram[:7, :7]), gram[:7, 7:], gram[7:, 7:])
+    assert grown is not None
+    torch.testing.assert_close(grown, torch.linalg.inv(gram), rtol=1e-10, atol=1e-12)
+    singular = gram.clone()
+    singular[7:, 7:] = gram[7:, :7] @ torch.linalg.inv(gram[:7, :7]) @ gram[:7, 7:]  # Schur complement 0
+    assert ref._extended_inverse(torch.linalg.inv(gram[:7, :7]), singular[:7, 7:], singular[7:, 7:]) is None
+
+
+def test_selection_steps_reuse_the_previous_inverse(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Steps after the second extend the previous inverse; the choices equal a run that never does."""
+    rng = np.random.default_rng(3)
+    layers = [rng.normal(size=(200, 8)) + rng.normal(size=8) for _ in range(5)]
+    y = (layers[2][:, 0] + layers[4][:, 1] > 0).astype(int)
+    grown = []
+    original = ref._extended_inverse
+    monkeypatch.setattr(ref, "_extended_inverse", lambda *a: grown.append(1) or original(*a))
+    result = select_layers(layers, y, 4, variant="reference")
+    assert len(grown) == 2  # steps 2 and 3
+    monkeypatch.setattr(ref, "_extended_inverse", lambda *a: None)  # every step inverts from scratch
+    direct = select_layers(layers, y, 4, variant="reference")
+    assert result.layers == direct.layers
+    np.testing.assert_allclose(result.scores["total"], direct.scores["total"], rtol=1e-9)
