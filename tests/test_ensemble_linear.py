@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, jvp, vmap
 
-from ripieno.framework.nn import ensemble_linear
+from ripieno.framework.nn import thin_products
 from ripieno.framework.nn.ensemble_linear import (
     ADAPTERS,
     CPU_CHUNK_ELEMENTS,
@@ -197,8 +197,8 @@ def test_lome_matmul_grads_equal_autograd_of_definition(chunk, create_graph, ran
 
 @pytest.mark.parametrize("plain", [False, True])
 def test_lome_matmul_grads_in_both_thin_orientations(monkeypatch, plain):
-    """Whichever orientation ``_plain_thin_is_faster`` picks for ``grad_A``, the gradients are exact."""
-    monkeypatch.setattr(ensemble_linear, "_plain_thin_is_faster", lambda g, rank: plain)
+    """Whichever orientation ``plain_is_faster`` picks for the thin products, the gradients are exact."""
+    monkeypatch.setattr(thin_products, "plain_is_faster", lambda a, columns: plain)
     inputs = lome_inputs(chunk=2, rank=2)
     tensors = inputs[:4]
     grad_y = torch.randn(3, 3, 3, dtype=D)
@@ -209,23 +209,25 @@ def test_lome_matmul_grads_in_both_thin_orientations(monkeypatch, plain):
             torch.testing.assert_close(g, e, rtol=1e-12, atol=1e-12)
 
 
-def test_thin_orientation_is_timed_once_per_shape_without_drawing_random_numbers(monkeypatch):
-    monkeypatch.setattr(ensemble_linear, "_PLAIN_THIN_FASTER", {})
+def test_thin_orientation_is_timed_once_per_key_without_drawing_random_numbers(monkeypatch):
+    monkeypatch.setattr(thin_products, "_PLAIN_FASTER", {})
     timed = []
-    original = ensemble_linear._best_seconds
-    monkeypatch.setattr(ensemble_linear, "_best_seconds", lambda fn: timed.append(fn) or original(fn, 1))
+    original = thin_products._best_seconds
+    monkeypatch.setattr(thin_products, "_best_seconds", lambda fn: timed.append(fn) or original(fn, 1))
     g = torch.zeros(2, 16, 8)
     state = torch.get_rng_state()
-    first = ensemble_linear._plain_thin_is_faster(g, 4)
-    assert ensemble_linear._plain_thin_is_faster(g, 4) is first and len(timed) == 2  # cached
-    ensemble_linear._plain_thin_is_faster(torch.zeros(2, 16, 8, dtype=torch.float64), 4)
-    assert len(timed) == 4 and len(ensemble_linear._PLAIN_THIN_FASTER) == 2  # one entry per dtype
+    first = thin_products.plain_is_faster(g, 4)
+    assert thin_products.plain_is_faster(g, 4) is first and len(timed) == 2  # both orientations, cached
+    thin_products.plain_is_faster(torch.zeros(2, 16, 8, dtype=torch.float64), 4)  # another dtype
+    thin_products.plain_is_faster(torch.zeros(2, 8, 16).mT, 4)  # another layout
+    assert len(timed) == 6 and len(thin_products._PLAIN_FASTER) == 3
     assert torch.equal(torch.get_rng_state(), state)
-    # A transposed view always takes the rank-as-rows form, without timing.
-    factor = torch.randn(2, 8, 3)
-    big = torch.randn(2, 8, 16).transpose(1, 2)
-    torch.testing.assert_close(ensemble_linear._thin_product(big, factor), big @ factor)
-    assert len(timed) == 4
+    for a, b in ((torch.randn(2, 8, 16).mT, torch.randn(2, 8, 3)), (torch.randn(30, 7).T, torch.randn(30, 2)),
+                 (torch.randn(30, 7), torch.randn(7, 200))):  # batched, 2-D, and a wide b (not timed)
+        for plain in (False, True):
+            monkeypatch.setattr(thin_products, "plain_is_faster", lambda a, columns, p=plain: p)
+            torch.testing.assert_close(thin_products.thin_matmul(a, b), a @ b)
+    assert len(timed) == 6
 
 
 def test_lome_matmul_gradcheck_forward_mode():

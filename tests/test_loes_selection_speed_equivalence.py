@@ -339,7 +339,8 @@ def _count_calls(monkeypatch: pytest.MonkeyPatch, name: str) -> list[Any]:
     return calls
 
 
-def test_well_conditioned_blocks_come_from_cholesky(monkeypatch: pytest.MonkeyPatch, no_fallback: None) -> None:
+def test_well_conditioned_blocks_come_from_cholesky(
+        monkeypatch: pytest.MonkeyPatch, no_fallback: None) -> None:
     """Full-rank residual Grams take the Cholesky basis (no eigendecomposition), with the oracle's scores."""
     cholesky, eigh = _count_calls(monkeypatch, "_cholesky_block"), _count_calls(monkeypatch, "_eigh_block")
     layers, base = layered_features(7, 300, 64, seed=5)

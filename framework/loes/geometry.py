@@ -33,29 +33,6 @@ def _centre(x: Tensor) -> Tensor:
     return x - x.mean(dim=0, keepdim=True)
 
 
-#: Widest right operand ``thin_matmul`` computes transposed (MKL's GEMM with a thin right operand
-#: was 2-5x slower than the transposed product up to about 100 columns, and on par above).
-THIN_COLUMNS = 128
-
-
-def thin_matmul(a: Tensor, b: Tensor) -> Tensor:
-    """``a @ b`` for 2-D ``a`` and a thin ``b`` (few columns: targets, ridge weights).
-
-    Computed as ``(b^T a^T)^T`` when ``b`` has fewer than ``THIN_COLUMNS`` columns: the same
-    product, with the thin operand as the GEMM's rows, which MKL runs far faster on CPU
-    (``(2000, 384)^T @ (2000, 2)`` in float64 on a 2-core EPYC: 1.17 ms against 0.23 ms;
-    ``(2000, 384) @ (384, 2)``: 0.88 ms against 0.34 ms).
-
-    Example:
-        >>> a, b = torch.randn(50, 8), torch.randn(8, 2)
-        >>> torch.allclose(thin_matmul(a, b), a @ b, atol=1e-6)
-        True
-    """
-    if b.shape[-1] < THIN_COLUMNS:
-        return (b.T @ a.T).T
-    return a @ b
-
-
 def _as_matrix(y: Tensor) -> Tensor:
     return y.unsqueeze(-1) if y.ndim == 1 else y
 

@@ -52,7 +52,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ripieno.framework.loes.geometry import thin_matmul
+from ripieno.framework.nn.thin_products import thin_matmul
 
 #: The reference's defaults (``alpha, gamma, eta, reg``).
 REFERENCE_DEFAULTS: dict[str, float] = {"alpha": 1.0, "gamma": 0.5, "eta": 0.1, "reg": 1e-3}

@@ -74,10 +74,10 @@ from ripieno.framework.loes.geometry import (
     ridge_fit,
     ridge_loss,
     span_basis,
-    thin_matmul,
     triangle_score,
 )
 from ripieno.framework.loes.reference import ReferenceWeights, reference_greedy
+from ripieno.framework.nn.thin_products import thin_matmul
 
 Task = Literal["auto", "classification", "regression", "label_free"]
 ArrayLike = Tensor | np.ndarray

@@ -63,12 +63,12 @@ Initialisation (documented because it sets the initial diversity):
 from __future__ import annotations
 
 import math
-import time
-from collections.abc import Callable
 from typing import Literal
 
 import torch
 from torch import Tensor, nn
+
+from ripieno.framework.nn.thin_products import thin_matmul
 
 Adapter = Literal["shared", "rank1", "lometab", "additive", "packed"]
 ScalingInit = Literal["ones", "random-signs", "normal"]
@@ -199,60 +199,14 @@ def _member_weights(w: Tensor, a: Tensor, b: Tensor) -> Tensor:
     return torch.addcmul(w, _low_rank(a, b), w)
 
 
-#: Per ``(g.shape, rank, dtype)`` on CPU: whether ``bmm(g, factor)`` (a row-major ``g``) ran clearly
-#: faster than ``(factor^T g^T)^T`` when first measured in this process (``_plain_thin_is_faster``).
-_PLAIN_THIN_FASTER: dict[tuple[tuple[int, ...], int, torch.dtype], bool] = {}
-#: How much faster the plain orientation must be to be chosen over the rank-as-rows one.
-_PLAIN_THIN_MARGIN = 1.5
-
-
-def _best_seconds(fn: Callable[[], object], repeats: int = 3) -> float:
-    fn()  # warm-up
-    best = math.inf
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
-def _plain_thin_is_faster(g: Tensor, rank: int) -> bool:
-    """Whether ``bmm(g, factor)`` beats ``(factor^T g^T)^T`` for a row-major ``g`` on this host.
-
-    MKL's thin GEMM is fast in one of the two orientations and 4-6x slower in the other, and
-    which one depends on the CPU: on an AVX-512 Xeon the plain product took 6 ms for the 32
-    members' ``grad_A`` (``p = q = 512``, ``r = 4``) against 30 ms transposed; on a 2-core AMD
-    EPYC (AVX-512, MKL 2024.2) 9.5 ms against 1.7 ms. So the first product of each shape times
-    both on constant tensors (a few ms, once per process; no RNG drawn) and keeps the plain one
-    only if it is ``_PLAIN_THIN_MARGIN`` times faster, a gap that timing noise does not flip, so
-    a run's arithmetic does not change between runs on one host. Off CPU, and while
-    ``torch.compile`` traces, the rank-as-rows form is used without timing.
-    """
-    if g.device.type != "cpu" or torch.compiler.is_compiling():
-        return False
-    key = (tuple(g.shape), rank, g.dtype)
-    if key not in _PLAIN_THIN_FASTER:
-        with torch.no_grad():
-            big = torch.full(tuple(g.shape), 0.5, dtype=g.dtype)
-            thin = torch.full((g.shape[0], g.shape[2], rank), 0.25, dtype=g.dtype)
-            plain = _best_seconds(lambda: torch.bmm(big, thin))
-            transposed = _best_seconds(lambda: torch.bmm(thin.transpose(1, 2), big.transpose(1, 2)))
-        _PLAIN_THIN_FASTER[key] = plain * _PLAIN_THIN_MARGIN < transposed
-    return _PLAIN_THIN_FASTER[key]
-
-
 def _thin_product(g: Tensor, factor: Tensor) -> Tensor:
-    """``g @ factor`` for ``g`` ``(k, p, q)`` and a thin ``factor`` ``(k, q, r)``.
+    """``g @ factor`` for ``g`` ``(k, p, q)`` and a thin ``factor`` ``(k, q, r)``: ``thin_matmul``.
 
-    A transposed view ``g`` runs as ``(factor^T g^T)^T``: the rank ``r`` as the GEMM's rows and
-    ``g`` read in its stored order, the fast orientation of MKL's thin GEMM on every host
-    measured (``bmm(g, factor)`` there was 5-8x slower: 14 ms against 1.9 ms for 32 members at
-    ``p = q = 512``, ``r = 4`` on a 2-core EPYC). For a row-major ``g`` the two orientations'
-    speeds depend on the CPU, so ``_plain_thin_is_faster`` picks one per shape.
+    The gradients of ``A_k`` and ``B_k`` are such products, over a row-major ``g`` and over a
+    transposed view of it; MKL's fast orientation for each differs between CPUs (4-6x either way
+    for ``grad_A`` at ``p = q = 512``, ``r = 4``: see ``thin_products``), so it is timed per shape.
     """
-    if g.stride(-1) != 1 or not _plain_thin_is_faster(g, factor.shape[-1]):
-        return torch.bmm(factor.transpose(1, 2), g.transpose(1, 2)).transpose(1, 2)
-    return torch.bmm(g, factor)
+    return thin_matmul(g, factor)
 
 
 class _LoMEMatmul(torch.autograd.Function):
