@@ -35,10 +35,11 @@ Where LoMETab's cost goes, and what is left of the gap
     Formed for all 32 members at once these are 32 MiB each and went to
     DRAM and back on every pass (a 1.25x-1.33x step before); ``_LoMEMatmul`` now forms
     them two members (2 MiB) at a time so each pass hits cache, and runs the thin
-    gradient products of ``A_k``, ``B_k`` both with the rank as the GEMM's rows (4-13x
-    faster in MKL than the other orientation; ``grad_A`` ran in the slow one until
-    2026-12-07, which cost about 8 ms per 512 x 512 layer and step). What remains (within
-    the run-to-run noise of this machine at r=4) is those cache-resident passes and the
+    gradient products of ``A_k``, ``B_k`` in the orientation MKL is fast at on the host
+    (``framework/nn/thin_products.py`` times both once per shape: 4-6x apart, and the fast
+    one differs between Intel and AMD CPUs; ``grad_A`` ran in the slow one on this EPYC until
+    2026-12-07, about 8 ms per 512 x 512 layer and step). What remains (within the
+    run-to-run noise of this machine at r=4) is those cache-resident passes and the
     rank-r products. The ``factored`` order runs ``rank + 1`` shared GEMMs on inputs
     scaled by the columns of ``B_k`` (about ``rank + 1`` times TabM's multiply-adds);
     ``auto`` picks it only for small ``batch * (rank + 1)``.
