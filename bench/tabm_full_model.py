@@ -62,9 +62,9 @@ from ripieno.framework.nn import TabularEnsembleNet
 from ripieno.framework.nn.ensemble_linear import (
     EnsembleLinear,
     _low_rank,
-    _thin_product,
     lometab_member_chunk,
 )
+from ripieno.framework.nn.thin_products import thin_matmul
 
 
 def _bins(n_features: int, n_bins: int, rows: torch.Tensor) -> list[torch.Tensor]:
@@ -124,8 +124,8 @@ def _member_weight_work(model: torch.nn.Module) -> tuple[callable, callable]:  #
                 m = _low_rank(a[s:e], b[s:e])  # backward: recomputed
                 torch.addcmul(w, m, w)  # grad_x's member weights
                 grad_m = g[:e - s] * w
-                _thin_product(grad_m, b[s:e])
-                _thin_product(grad_m.transpose(1, 2), a[s:e])
+                thin_matmul(grad_m, b[s:e])
+                thin_matmul(grad_m.transpose(1, 2), a[s:e])
                 _ = torch.addcmul(g[:e - s], g[:e - s], m).sum(0)  # grad_w's share
 
     def stream() -> None:

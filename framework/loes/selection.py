@@ -578,7 +578,6 @@ class _Block:
     s_low: float  # lower bound of the largest singular value of the layer's residual (kept or not)
     s_high: float  # upper bound of it (both exact when the block comes from an eigendecomposition)
     dropped_max: float  # largest singular value below the cutoff (0 if none)
-    u: Tensor | None  # U_j itself (N, r_j), kept for the leave-one-out leverages only
 
 
 def _shifted(matrix: Tensor, shift: float) -> Tensor:
@@ -693,8 +692,8 @@ class _GramScorer:
             if block is None:
                 return False
         u = None
-        if self.resid is not None:  # U_new itself, for the leave-one-out leverages
-            u = block.u = self.resid[layer] @ block.t[-1]
+        if self.resid is not None:  # U_new itself, to update the leave-one-out residual features
+            u = self.resid[layer] @ block.t[-1]
         # Every other layer: one cross-Gram block, its coordinates on the new block, its residual.
         self.blocks.append(block)
         for other in range(len(self.views)):
@@ -731,7 +730,7 @@ class _GramScorer:
             t_new.append(-sum(self.blocks[j].t[i] @ (self.coords[layer][j] @ base)
                               for j in range(i, len(self.blocks))))
         t_new.append(base)
-        return _Block(layer, t_new, s_low, s_high, dropped_max, None)
+        return _Block(layer, t_new, s_low, s_high, dropped_max)
 
     def _cholesky_block(self, layer: int, factor: float, members: list[int]) -> _Block | None:
         """The new block from the Cholesky factor ``L`` of the residual Gram, ``base = L^-T``.

@@ -199,16 +199,6 @@ def _member_weights(w: Tensor, a: Tensor, b: Tensor) -> Tensor:
     return torch.addcmul(w, _low_rank(a, b), w)
 
 
-def _thin_product(g: Tensor, factor: Tensor) -> Tensor:
-    """``g @ factor`` for ``g`` ``(k, p, q)`` and a thin ``factor`` ``(k, q, r)``: ``thin_matmul``.
-
-    The gradients of ``A_k`` and ``B_k`` are such products, over a row-major ``g`` and over a
-    transposed view of it; MKL's fast orientation for each differs between CPUs (4-6x either way
-    for ``grad_A`` at ``p = q = 512``, ``r = 4``: see ``thin_products``), so it is timed per shape.
-    """
-    return thin_matmul(g, factor)
-
-
 class _LoMEMatmul(torch.autograd.Function):
     """``y_k = x_k (W * (1 + A_k B_k^T))^T`` for all members, with hand-written derivatives.
 
@@ -219,7 +209,7 @@ class _LoMEMatmul(torch.autograd.Function):
     Function saves only its inputs, forms ``chunk`` member weights at a time (in
     backward too, recomputing the rank-r product ``A_k B_k^T``, which is cheap, while the
     chunk is in cache), fuses the elementwise passes, runs the thin gradient products of
-    ``A_k``, ``B_k`` in the orientation the BLAS is fast at (``_thin_product``) and skips
+    ``A_k``, ``B_k`` in the orientation the BLAS is fast at (``thin_matmul``) and skips
     the gradients autograd does not need (the first layer's input). A plain backward
     writes the gradients into preallocated tensors with in-place updates; under
     ``create_graph=True`` (double backward, ``torch.func.grad``) the same chunks run as
@@ -275,9 +265,9 @@ class _LoMEMatmul(torch.autograd.Function):
                 if need_a or need_b:
                     grad_m = grad_member_w * w
                     if need_a:
-                        grad_a[s:e] = _thin_product(grad_m, b[s:e])
+                        grad_a[s:e] = thin_matmul(grad_m, b[s:e])
                     if need_b:
-                        grad_b[s:e] = _thin_product(grad_m.transpose(1, 2), a[s:e])
+                        grad_b[s:e] = thin_matmul(grad_m.transpose(1, 2), a[s:e])
                 if need_w:  # sum_k G_k * (1 + M_k), one fused pass per chunk
                     grad_w.add_(grad_member_w.addcmul_(grad_member_w, m).sum(0))
         return grad_x, grad_w, grad_a, grad_b, None
@@ -311,9 +301,9 @@ def _lome_backward_differentiable(x: Tensor, w: Tensor, a: Tensor, b: Tensor, gr
                 parts["w"].append(torch.addcmul(grad_member_w, grad_member_w, m).sum(0))
             grad_m = grad_member_w * w
             if need_a:
-                parts["a"].append(_thin_product(grad_m, bs))
+                parts["a"].append(thin_matmul(grad_m, bs))
             if need_b:
-                parts["b"].append(_thin_product(grad_m.transpose(1, 2), as_))
+                parts["b"].append(thin_matmul(grad_m.transpose(1, 2), as_))
     return (
         torch.cat(parts["x"]) if need_x else None,
         torch.stack(parts["w"]).sum(0) if need_w else None,
