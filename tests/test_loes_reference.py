@@ -19,6 +19,7 @@ and the fixture also holds the same runs in float64:
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -201,30 +202,59 @@ def test_reference_defaults_are_the_reference_defaults() -> None:
     assert default.fused.dtype == torch.float32
 
 
-def test_extended_inverse_equals_the_direct_inverse() -> None:
-    """A step's ``(Sc^T Sc + 1e-6 I)^-1`` grown from the previous step's by its Schur complement."""
+def test_grown_solver_equals_the_direct_solve() -> None:
+    """A step's ``(Sc^T Sc + 1e-6 I)^-1 C`` by blocks from the previous step's solutions."""
     rng = np.random.default_rng(0)
     x = torch.from_numpy(rng.normal(size=(60, 12)))
     gram = x.T @ x + ref.ORTHOGONALIZATION_RIDGE * torch.eye(12, dtype=torch.float64)
-    grown = ref._extended_inverse(torch.linalg.inv(gram[:7, :7]), gram[:7, 7:], gram[7:, 7:])
+    rhs = torch.from_numpy(rng.normal(size=(12, 5)))
+    top, side, corner = gram[:7, :7], gram[:7, 7:], gram[7:, 7:]
+    grown = ref._grown_solver(side, torch.linalg.solve(top, side), corner)
     assert grown is not None
-    torch.testing.assert_close(grown, torch.linalg.inv(gram), rtol=1e-10, atol=1e-12)
-    singular = gram.clone()
-    singular[7:, 7:] = gram[7:, :7] @ torch.linalg.inv(gram[:7, :7]) @ gram[:7, 7:]  # Schur complement 0
-    assert ref._extended_inverse(torch.linalg.inv(gram[:7, :7]), singular[:7, 7:], singular[7:, 7:]) is None
+    solved = grown(torch.linalg.solve(top, rhs[:7]), rhs[7:])
+    torch.testing.assert_close(solved, torch.linalg.solve(gram, rhs), rtol=1e-10, atol=1e-12)
+    singular = gram[7:, :7] @ torch.linalg.inv(top) @ side  # the Schur complement is 0
+    assert ref._grown_solver(side, torch.linalg.solve(top, side), singular) is None
 
 
-def test_selection_steps_reuse_the_previous_inverse(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Steps after the second extend the previous inverse; the choices equal a run that never does."""
+def test_selection_steps_grow_the_previous_solutions(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Steps after the second solve by blocks; the choices and scores equal a run that never does."""
     rng = np.random.default_rng(3)
     layers = [rng.normal(size=(200, 8)) + rng.normal(size=8) for _ in range(5)]
     y = (layers[2][:, 0] + layers[4][:, 1] > 0).astype(int)
     grown = []
-    original = ref._extended_inverse
-    monkeypatch.setattr(ref, "_extended_inverse", lambda *a: grown.append(1) or original(*a))
-    result = select_layers(layers, y, 4, variant="reference")
+    original = ref._grown_solver
+    monkeypatch.setattr(ref, "_grown_solver", lambda *a: grown.append(1) or original(*a))
+    result = select_layers(layers, y, 4, variant="reference", dtype=torch.float64)
     assert len(grown) == 2  # steps 2 and 3
-    monkeypatch.setattr(ref, "_extended_inverse", lambda *a: None)  # every step inverts from scratch
-    direct = select_layers(layers, y, 4, variant="reference")
+    monkeypatch.setattr(ref, "_grown_solver", lambda *a: None)  # every step factorises its whole selection
+    direct = select_layers(layers, y, 4, variant="reference", dtype=torch.float64)
     assert result.layers == direct.layers
     np.testing.assert_allclose(result.scores["total"], direct.scores["total"], rtol=1e-9)
+
+
+@pytest.mark.parametrize("max_explained", [math.inf, -math.inf], ids=["identity", "formed"])
+def test_probe_loss_equals_the_loss_of_the_formed_probe(
+    monkeypatch: pytest.MonkeyPatch, max_explained: float
+) -> None:
+    """The probe's MSE, from the identity or from the formed prediction, equals the reference's own.
+
+    Oracle: ``reference_orthogonalize`` and ``reference_ridge_prediction`` on the formed features
+    (float64), at step 0 (raw layer) and against two selected layers.
+    """
+    monkeypatch.setattr(ref, "_IDENTITY_MAX_EXPLAINED", max_explained)
+    rng = np.random.default_rng(5)
+    views = [torch.from_numpy(rng.normal(size=(150, 6)) + rng.normal(size=6)) for _ in range(4)]
+    y = views[3][:, :2] + torch.from_numpy(rng.normal(size=(150, 2)))
+    products = ref._SelectionProducts(views, None, 0)
+    products.begin_step([], y)
+    loss, predict = products.ridge_probe(1, None, 0.1)
+    expected = ref.reference_ridge_prediction(views[1], y, 0.1)
+    assert loss == pytest.approx(float((y - expected).square().mean()), rel=1e-10)
+    torch.testing.assert_close(predict(), expected, rtol=1e-10, atol=1e-12)
+    products.begin_step([0, 2], y)
+    loss, predict = products.ridge_probe(3, products.part(3), 0.1)
+    features = ref.reference_orthogonalize(views[3], torch.cat([views[0], views[2]], dim=1))
+    expected = ref.reference_ridge_prediction(features, y, 0.1)
+    assert loss == pytest.approx(float((y - expected).square().mean()), rel=1e-10)
+    torch.testing.assert_close(predict(), expected, rtol=1e-10, atol=1e-12)

@@ -44,6 +44,7 @@ Differences from ripieno's own variant are listed in ``ripieno.framework.loes.se
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -52,6 +53,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ripieno.framework.nn.gram import gram_matrix
 from ripieno.framework.nn.thin_products import thin_matmul
 
 #: The reference's defaults (``alpha, gamma, eta, reg``).
@@ -260,11 +262,11 @@ def reference_greedy(
     prediction = None if targets is None else torch.zeros_like(targets)
     nan = float("nan")
     for step in range(k):
-        orthogonalizer = products.orthogonalizer(chosen) if chosen else None
+        residual = None if targets is None else targets - prediction
+        products.begin_step(chosen, residual)
         formed: _Orthogonalizer | None = None  # the reference's own, for rank-deficient parts
         selected_dims = sum(views[i].shape[1] for i in chosen)
-        residual = None if targets is None else targets - prediction
-        best: tuple[float, int, Tensor | None] | None = None
+        best: tuple[float, int, Callable[[], Tensor] | None] | None = None
         step_rows = []
         for layer in (i for i in range(len(views)) if i not in chosen):
             # A part with more columns than the samples left to it (selected + candidate widths > N) is
@@ -276,15 +278,18 @@ def reference_greedy(
                 if formed is None:
                     formed = _Orthogonalizer(torch.cat([views[i] for i in chosen], dim=1))
                 features = formed(views[layer])
-            elif orthogonalizer is not None:
-                part = orthogonalizer(layer)
+            elif chosen:
+                part = products.part(layer)
             ridge = red = tri = nan
-            fitted = None
+            predict = None
             total = weights.alpha * (1.0 - isotropies[layer])
             if residual is not None:
-                fitted = (reference_ridge_prediction(features, residual, weights.reg) if features is not None
-                          else products.ridge_prediction(layer, part, residual, weights.reg))
-                ridge = float((residual - fitted).square().mean())
+                if features is not None:
+                    fitted = reference_ridge_prediction(features, residual, weights.reg)
+                    ridge = float((residual - fitted).square().mean())
+                    predict = functools.partial(_same, fitted)
+                else:
+                    ridge, predict = products.ridge_probe(layer, part, weights.reg)
                 total += ridge
             if chosen:
                 red = float(products.redundancy(layer, chosen))
@@ -296,16 +301,26 @@ def reference_greedy(
             step_rows.append({"layer": layer, "ridge_loss": ridge, "iso": isotropies[layer], "red": red,
                               "tri": tri, "total": total, "selected": False, "step": step})
             if best is None or total < best[0] or (math.isnan(best[0]) and not math.isnan(total)):
-                best = (total, layer, fitted)
+                best = (total, layer, predict)
         assert best is not None
-        _, layer, fitted = best
+        _, layer, predict = best
         for row in step_rows:
             row["selected"] = row["layer"] == layer
         chosen.append(layer)
         rows.extend(step_rows)
-        if prediction is not None and fitted is not None:
-            prediction = prediction + fitted
+        if prediction is not None and predict is not None:
+            prediction = prediction + predict()
     return chosen, rows
+
+
+def _same(value: Tensor) -> Tensor:
+    return value
+
+
+#: The in-sample probe loss comes from the identity ``||Yc||^2 - b.W - reg ||W||^2`` while the fit
+#: explains at most this multiple of what it leaves (``||Fc W||^2 <= _IDENTITY_MAX_EXPLAINED * SSE``);
+#: better fits are scored from their formed prediction, as the reference does.
+_IDENTITY_MAX_EXPLAINED = 1.0
 
 
 @dataclass(frozen=True)
@@ -327,21 +342,29 @@ def _spd_inverse(matrix: Tensor) -> Tensor | None:
     return torch.cholesky_inverse(factor) if int(info) == 0 else None
 
 
-def _extended_inverse(inverse: Tensor, side: Tensor, corner: Tensor) -> Tensor | None:
-    """The inverse of ``[[A, B], [B^T, D]]`` from ``A^-1``, ``B`` and ``D``, by its Schur complement.
+class _GrownSolver:
+    """``(Sc^T Sc + 1e-6 I)^-1 C`` for a selection that adds one layer to the previous step's, by blocks.
 
-    ``S = D - B^T A^-1 B`` is SPD when the whole matrix is; the inverse is
-    ``[[A^-1 + X S^-1 X^T, -X S^-1], [-S^-1 X^T, S^-1]]`` with ``X = A^-1 B``: five ``D x D``
-    products and a ``D x D`` inverse instead of the whole ``2D x 2D`` inverse (9 ms against 23 ms
-    for ``D = 384`` on a 2-core EPYC). ``None`` if ``S`` is not SPD.
+    With ``M = [[A, B], [B^T, D]]`` (``A`` the previous selection's matrix, ``B`` its products with the
+    new layer, ``D`` the new layer's Gram plus the ridge) and the previous step's solutions
+    ``q = A^-1 C_prev`` of every candidate (``X = A^-1 B`` among them: the new layer was a candidate),
+    the Schur complement ``S = D - B^T X`` gives ``z = S^-1 (C_new - B^T q)`` and the solution
+    ``[q - X z; z]``: three ``D x D`` products per candidate instead of one with the whole inverse
+    (``(2D)^2 D`` multiply-adds), and no ``2D x 2D`` inverse at all.
     """
-    x = inverse @ side
+
+    def __init__(self, side: Tensor, x: Tensor, schur_inverse: Tensor) -> None:
+        self.side, self.x, self.schur_inverse = side, x, schur_inverse
+
+    def __call__(self, previous: Tensor, new: Tensor) -> Tensor:
+        z = self.schur_inverse @ torch.addmm(new, self.side.T, previous, alpha=-1)
+        return torch.cat([torch.addmm(previous, self.x, z, alpha=-1), z], dim=0)
+
+
+def _grown_solver(side: Tensor, x: Tensor, corner: Tensor) -> _GrownSolver | None:
+    """The block solver from ``B``, ``X = A^-1 B`` and ``D`` (``None`` if the Schur complement is not SPD)."""
     schur_inverse = _spd_inverse(torch.addmm(corner, side.T, x, alpha=-1))
-    if schur_inverse is None:
-        return None
-    x_s = x @ schur_inverse
-    top = torch.cat([torch.addmm(inverse, x_s, x.T), -x_s], dim=1)
-    return torch.cat([top, torch.cat([-x_s.T, schur_inverse], dim=1)], dim=0)
+    return None if schur_inverse is None else _GrownSolver(side, x, schur_inverse)
 
 
 class _SelectionProducts:
@@ -355,12 +378,18 @@ class _SelectionProducts:
       ``F = Xc - Sc coef``, ``coef = (Sc^T Sc + 1e-6 I)^-1 C``, has ``F^T F = Xc^T Xc - (C +
       1e-6 coef)^T coef`` (substituting ``Sc^T Sc coef = C - 1e-6 coef``), and ``Fc = F - mean(F)``
       has Gram ``F^T F - N mean^T mean``;
-    * the probe on ``Fc`` needs ``Fc^T Yc = Xc^T Yc - coef^T Sc^T Yc`` and predicts
-      ``Xc W - Sc (coef W) - mean W + mean(Y)``; Tri needs class means, ``M(Xc) - M(Sc) coef``;
+    * the probe on ``Fc`` needs ``b = Fc^T Yc = Xc^T Yc - coef^T Sc^T Yc``, and its in-sample loss is
+      ``||Yc - Fc W||^2 = ||Yc||^2 - b.W - reg ||W||^2`` since ``(Fc^T Fc + reg I) W = b``; where the
+      fit explains much of ``Yc`` that difference would lose digits, so the loss comes from the
+      prediction ``Xc W - Sc (coef W) - mean W + mean(Y)``, formed as the reference forms it (and
+      formed anyway for the chosen candidate, whose prediction the next steps fit against);
+      Tri needs class means, ``M(Xc) - M(Sc) coef``;
     * Red's ``X^T S`` of the raw layers is ``Xc^T Sc + N mean(X)^T mean(S)``.
 
     The products over the samples (``Xc^T Xc``, ``Sc^T Xc``, the targets and class means) are those
-    of the reference, in its dtype; the ``D x D`` algebra on them is float64, as its solves.
+    of the reference, in its dtype; the ``D x D`` algebra on them is float64, as its solves. A
+    candidate's product with the newest selected layer and with the residual targets is one GEMM
+    (``[Sc_new, Yc]^T Xc``): one pass over its features instead of two.
     """
 
     def __init__(self, views: list[Tensor], labels: Tensor | None, num_classes: int) -> None:
@@ -368,16 +397,20 @@ class _SelectionProducts:
         self.n = views[0].shape[0]
         self.means = [v.mean(dim=0, keepdim=True) for v in views]
         self.centred = [v - m for v, m in zip(views, self.means, strict=True)]
-        self.grams = [xc.T @ xc for xc in self.centred]  # shared by Iso and the step-0 probe
+        self.grams = [gram_matrix(xc) for xc in self.centred]  # shared by Iso and the step-0 probe
         self.grams64 = [g.double() for g in self.grams]
         self.centred_means = [xc.mean(dim=0, keepdim=True).double() for xc in self.centred]  # ~0
         self.norms = [torch.linalg.matrix_norm(v) for v in views]
         self.cross: dict[tuple[int, int], Tensor] = {}  # (selected, other) -> Sc_selected^T Xc_other
         self.labels, self.num_classes = labels, num_classes
         self.class_means: dict[int, Tensor] = {}
-        self.selection: list[int] = []  # the layers the current orthogonalizer projects out
-        self.selection_targets: tuple[Tensor, Tensor] | None = None  # (y, Sc^T (y - mean y)) of the step
-        self.selection_inverse: tuple[list[int], Tensor] | None = None  # (chosen, (Sc^T Sc + 1e-6 I)^-1)
+        # The current step: its selection, solver, residual targets (centred) and their products.
+        self.selection: list[int] = []
+        self.solve: Callable[[int, Tensor], Tensor] | None = None  # (layer, Sc^T Xc in float64) -> coef
+        self.coefs: dict[int, Tensor] = {}  # float64 coef of every candidate formed at this step
+        self.targets: tuple[Tensor, Tensor, Tensor, Tensor] | None = None  # (Y, Yc, mean(Y), Sc^T Yc)
+        self.target_products: dict[int, Tensor] = {}  # layer -> Xc^T Yc of this step
+        self.fused_rows: Tensor | None = None  # [Sc_new, Yc] (N, D_new + T)
 
     def isotropies(self) -> list[float]:
         return [float(_covariance_isotropy(g, self.n) if v.shape[1] <= ISO_EIGH_MAX_DIM
@@ -397,73 +430,125 @@ class _SelectionProducts:
             return self.cross[(a, b)]
         return self._cross(b, a).T
 
-    def _selection_solver(self, chosen: list[int]) -> Callable[[Tensor], Tensor]:
-        """``rhs -> (Sc^T Sc + 1e-6 I)^-1 rhs`` for the many right-hand sides of one step.
+    # ------------------------------------------------------------------ one step
 
-        The matrix is symmetric positive definite, so its inverse, formed once per step, turns each
-        candidate's solve into one GEMM: for 768 selected dimensions and a 384-wide candidate,
-        10.6 ms per candidate against 17.8 ms for the LU solve (2-core EPYC, float64). A step that
-        adds one layer to the previous step's selection extends that step's inverse by its Schur
-        complement (``_extended_inverse``). The reference's ``torch.linalg.solve`` is the LU solve,
-        which stays where Cholesky fails; they agree to float64 rounding.
+    def begin_step(self, chosen: list[int], y: Tensor | None) -> None:
+        """Set up the step that scores candidates against ``chosen`` with residual targets ``y``."""
+        previous, previous_coefs = self.selection, self.coefs
+        self.selection, self.coefs, self.target_products = list(chosen), {}, {}
+        self.targets = self.fused_rows = None
+        if y is not None:
+            y_mean = y.mean(dim=0, keepdim=True)
+            yc = y - y_mean
+            sc_y = yc[:0] if not chosen else torch.cat([thin_matmul(self.centred[c].T, yc) for c in chosen])
+            self.targets = (y, yc, y_mean, sc_y)
+        self.solve = self._selection_solver(chosen, previous, previous_coefs) if chosen else None
+        if chosen and y is not None:
+            self.fused_rows = torch.cat([self.centred[chosen[-1]], self.targets[1]], dim=1)
+
+    def _selection_solver(
+        self, chosen: list[int], previous: list[int], previous_coefs: dict[int, Tensor]
+    ) -> Callable[[int, Tensor], Tensor]:
+        """``(layer, C) -> (Sc^T Sc + 1e-6 I)^-1 C`` for the candidates of one step.
+
+        The matrix is symmetric positive definite, so its inverse, formed once per step from its
+        Cholesky factor, turns each candidate's solve into one GEMM. A step that adds one layer to
+        the previous step's selection solves by blocks from the previous step's solutions instead
+        (``_GrownSolver``). The reference's ``torch.linalg.solve`` is the LU solve, which stays where
+        Cholesky fails; they agree to float64 rounding.
         """
-        inverse = None
-        previous = self.selection_inverse
-        if previous is not None and previous[0] == chosen[:-1]:
-            new = chosen[-1]
-            side = torch.cat([self._block(c, new) for c in chosen[:-1]], dim=0).double()
+        new = chosen[-1]
+        if previous and previous == chosen[:-1] and new in previous_coefs:
+            side = torch.cat([self._block(c, new) for c in previous], dim=0).double()
             corner = self.grams64[new].clone()
             corner.diagonal().add_(ORTHOGONALIZATION_RIDGE)
-            inverse = _extended_inverse(previous[1], side, corner)
+            grown = _grown_solver(side, previous_coefs[new], corner)
+            if grown is not None:
+                sizes = [sum(self.views[c].shape[1] for c in previous), self.views[new].shape[1]]
+
+                def solve_grown(layer: int, rhs: Tensor) -> Tensor:
+                    prior = previous_coefs.get(layer)
+                    if prior is None:  # not formed at the previous step (a rank-deficient part there)
+                        prior = self._solve_direct(previous, rhs[:sizes[0]])
+                    return grown(prior, rhs[sizes[0]:])
+
+                return solve_grown
+        rows = [torch.cat([self._block(a, b) for b in chosen], dim=1) for a in chosen]
+        gram = torch.cat(rows, dim=0).double()
+        gram.diagonal().add_(ORTHOGONALIZATION_RIDGE)
+        inverse = _spd_inverse(gram)
         if inverse is None:
-            rows = [torch.cat([self._block(a, b) for b in chosen], dim=1) for a in chosen]
-            gram = torch.cat(rows, dim=0).double()
-            gram.diagonal().add_(ORTHOGONALIZATION_RIDGE)
-            inverse = _spd_inverse(gram)
-            if inverse is None:
-                self.selection_inverse = None
-                lu = torch.linalg.lu_factor(gram)
-                return lambda rhs: torch.linalg.lu_solve(*lu, rhs)
-        self.selection_inverse = (list(chosen), inverse)
-        return lambda rhs: inverse @ rhs
+            lu = torch.linalg.lu_factor(gram)
+            return lambda layer, rhs: torch.linalg.lu_solve(*lu, rhs)
+        return lambda layer, rhs: inverse @ rhs
 
-    def orthogonalizer(self, chosen: list[int]) -> Callable[[int], _Part]:
-        """``reference_orthogonalize`` against the chosen layers, for any candidate, unformed."""
-        solve = self._selection_solver(chosen)
-        sc_mean = torch.cat([self.centred_means[c] for c in chosen], dim=1)
-        self.selection, self.selection_targets = list(chosen), None
+    def _solve_direct(self, chosen: list[int], rhs: Tensor) -> Tensor:
+        """``(Sc^T Sc + 1e-6 I)^-1 rhs`` for a selection other than the step's, by LU, as the reference."""
+        rows = [torch.cat([self._block(a, b) for b in chosen], dim=1) for a in chosen]
+        gram = torch.cat(rows, dim=0).double()
+        gram.diagonal().add_(ORTHOGONALIZATION_RIDGE)
+        return torch.linalg.solve(gram, rhs)
 
-        def orthogonalize(layer: int) -> _Part:
-            rhs = torch.cat([self._cross(c, layer) for c in chosen], dim=0).double()
-            coef = solve(rhs)
-            xc = self.centred[layer]
-            mean = self.centred_means[layer] - sc_mean @ coef
-            # F^T F = Xc^T Xc - (C + 1e-6 coef)^T coef, then centred: minus N mean^T mean.
-            shifted = torch.add(rhs, coef, alpha=ORTHOGONALIZATION_RIDGE)
-            f_gram = torch.addmm(self.grams64[layer], shifted.T, coef, alpha=-1)
-            f_gram = torch.addmm(f_gram, mean.T, mean, alpha=-self.n)
-            return _Part(layer, coef.to(xc.dtype), mean.to(xc.dtype), f_gram)
+    def _step_products(self, layer: int) -> None:
+        """``Sc_new^T Xc`` and ``Xc^T Yc`` of a candidate, in one pass over its features."""
+        new = self.selection[-1]
+        if self.fused_rows is None or (new, layer) in self.cross:
+            return
+        product = self.fused_rows.mT @ self.centred[layer]
+        width = self.views[new].shape[1]
+        self.cross[(new, layer)] = product[:width]
+        self.target_products[layer] = product[width:].mT
 
-        return orthogonalize
-
-    def ridge_prediction(self, layer: int, part: _Part | None, y: Tensor, reg: float) -> Tensor:
-        """``reference_ridge_prediction`` of the raw layer (``part=None``) or of its orthogonalised part."""
+    def part(self, layer: int) -> _Part:
+        """``reference_orthogonalize`` of a candidate against the step's selection, unformed."""
+        assert self.solve is not None
+        self._step_products(layer)
+        chosen = self.selection
+        rhs = torch.cat([self._cross(c, layer) for c in chosen], dim=0).double()
+        coef = self.solve(layer, rhs)
+        self.coefs[layer] = coef
         xc = self.centred[layer]
+        sc_mean = torch.cat([self.centred_means[c] for c in chosen], dim=1)
+        mean = self.centred_means[layer] - sc_mean @ coef
+        # F^T F = Xc^T Xc - (C + 1e-6 coef)^T coef, then centred: minus N mean^T mean.
+        shifted = torch.add(rhs, coef, alpha=ORTHOGONALIZATION_RIDGE)
+        f_gram = torch.addmm(self.grams64[layer], shifted.T, coef, alpha=-1)
+        f_gram = torch.addmm(f_gram, mean.T, mean, alpha=-self.n)
+        return _Part(layer, coef.to(xc.dtype), mean.to(xc.dtype), f_gram)
+
+    def ridge_probe(self, layer: int, part: _Part | None, reg: float) -> tuple[float, Callable[[], Tensor]]:
+        """The probe's in-sample MSE on the step's targets, and its prediction (formed when called).
+
+        The probe is ``reference_ridge_prediction``'s, on the raw layer (``part=None``) or on its
+        orthogonalised part.
+        """
+        assert self.targets is not None
+        y, yc, y_mean, sc_y = self.targets
+        xc = self.centred[layer]
+        xty = self.target_products.get(layer)
+        if xty is None:
+            xty = thin_matmul(xc.T, yc)
         if part is None:
-            return _centred_ridge_prediction(xc, self.grams[layer], y, reg)
-        y_mean = y.mean(dim=0, keepdim=True)
-        yc = y - y_mean
-        sc = [self.centred[c] for c in self.selection]
-        sizes = [s.shape[1] for s in sc]
-        if self.selection_targets is None or self.selection_targets[0] is not y:
-            self.selection_targets = (y, torch.cat([thin_matmul(s.T, yc) for s in sc], dim=0))
-        sc_y = self.selection_targets[1]
-        rhs = (thin_matmul(xc.T, yc) - thin_matmul(part.coef.T, sc_y)
-               - part.mean.T @ yc.sum(dim=0, keepdim=True))
-        weights = _solve_accurately(part.gram, reg, rhs).to(xc.dtype)
-        coef_w = thin_matmul(part.coef, weights).split(sizes)
-        fitted = (thin_matmul(xc, weights) - sum(thin_matmul(s, w) for s, w in zip(sc, coef_w, strict=True))
-                  - part.mean @ weights)
+            rhs, gram = xty, self.grams64[layer]
+        else:
+            rhs = xty - thin_matmul(part.coef.T, sc_y) - part.mean.T @ yc.sum(dim=0, keepdim=True)
+            gram = part.gram
+        weights = _solve_accurately(gram, reg, rhs)  # float64
+        predict = functools.partial(self._prediction, layer, part, weights.to(xc.dtype), y_mean)
+        bw, ww = (rhs.double() * weights).sum(), weights.square().sum()
+        sse = yc.double().square().sum() - bw - reg * ww
+        if float(bw - reg * ww) <= _IDENTITY_MAX_EXPLAINED * float(sse):
+            return float(sse) / yc.numel(), predict
+        return float((y - predict()).square().mean()), predict
+
+    def _prediction(self, layer: int, part: _Part | None, weights: Tensor, y_mean: Tensor) -> Tensor:
+        """``Xc W - Sc (coef W) - mean W + mean(Y)``, in the computation dtype."""
+        fitted = thin_matmul(self.centred[layer], weights)
+        if part is not None:
+            sc = [self.centred[c] for c in self.selection]
+            coef_w = thin_matmul(part.coef, weights).split([s.shape[1] for s in sc])
+            selected = sum(thin_matmul(s, w) for s, w in zip(sc, coef_w, strict=True))
+            fitted = fitted - selected - part.mean @ weights
         return fitted + y_mean
 
     def redundancy(self, layer: int, chosen: list[int]) -> Tensor:

@@ -77,6 +77,7 @@ from ripieno.framework.loes.geometry import (
     triangle_score,
 )
 from ripieno.framework.loes.reference import ReferenceWeights, reference_greedy
+from ripieno.framework.nn.gram import gram_matrix
 from ripieno.framework.nn.thin_products import thin_matmul
 
 Task = Literal["auto", "classification", "regression", "label_free"]
@@ -629,7 +630,7 @@ class _GramScorer:
         self.n = views[0].shape[0]
         self.loo = targets.matrix is not None and weights.loss == "loo"
         self.xc = [v - v.mean(dim=0, keepdim=True) for v in views]
-        self.gram = [x.T @ x for x in self.xc]
+        self.gram = [gram_matrix(x) for x in self.xc]
         self.sq = [g.diagonal().sum() for g in self.gram]  # ||Xc||_F^2
         self.gram_norm = [torch.linalg.matrix_norm(g) for g in self.gram]
         self.resid_gram = list(self.gram)  # G~ of every layer against the blocks so far
