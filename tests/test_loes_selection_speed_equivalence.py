@@ -375,3 +375,38 @@ def test_rank_deficient_block_is_declined_by_cholesky_and_taken_from_eigh(
     assert_scores_match(result, rows)
     assert sorted(chosen[:2]) == [1, 3]  # both get a block, the second one's residual is deficient
     assert None in cholesky and any(block is not None for block in eigh)
+
+
+@pytest.mark.parametrize("loss", ["train", "loo"])
+def test_layer_norm_outputs_take_the_deflated_cholesky_basis(
+        monkeypatch: pytest.MonkeyPatch, loss: str, no_fallback: None) -> None:
+    """Hidden states right after a LayerNorm obey one exact linear constraint per row.
+
+    Every chosen layer's residual Gram then has a null direction: the plain Cholesky basis declines
+    it, the deflated one removes that direction (no eigendecomposition), and every score still
+    equals the oracle's, which drops it by the SVD cutoff.
+    """
+    calls = {name: _count_calls(monkeypatch, name)
+             for name in ("_cholesky_block", "_deflated_block", "_eigh_block")}
+    raw, base = layered_features(6, 300, 64, seed=11)
+    rng = np.random.default_rng(2)
+
+    def layer_norm(x: np.ndarray) -> np.ndarray:
+        normalised = (x - x.mean(1, keepdims=True)) / x.std(1, keepdims=True)
+        return normalised * rng.uniform(0.5, 1.5, size=x.shape[1]) + rng.normal(size=x.shape[1])
+
+    layers = [layer_norm(x) for x in raw]
+    centred = layers[0] - layers[0].mean(0)
+    spectrum = np.linalg.eigvalsh(centred.T @ centred)
+    assert spectrum[0] < 1e-12 * spectrum[-1] < spectrum[1]  # exactly one null direction
+    labels = (base[:, 0] > 0).astype(int) + (base[:, 1] > 0.5)
+    weights = {"lam": 0.5, "alpha": 0.3, "gamma": 0.2, "eta": 0.1}
+    rng_state = torch.random.get_rng_state()
+    result = select_layers(layers, labels, 3, loss=loss, **weights)
+    assert torch.equal(torch.random.get_rng_state(), rng_state)  # its start vectors use a local generator
+    chosen, rows = oracle_ripieno(layers, np.eye(3)[labels], labels, 3, iso="participation", loss=loss,
+                                  **weights)
+    assert result.layers == chosen
+    assert_scores_match(result, rows)
+    assert calls["_cholesky_block"] == [None, None] and calls["_eigh_block"] == []
+    assert len(calls["_deflated_block"]) == 2 and None not in calls["_deflated_block"]

@@ -213,7 +213,10 @@ class LayerSelection:
                 f"transform got layers of widths {dims} but the selection was made on widths "
                 f"{self.layer_dims}; pass all layers of the same model, in the same order."
             )
-        chosen = [views[i] for i in self.layers]
+        return self._fuse([views[i] for i in self.layers], orthogonal)
+
+    def _fuse(self, chosen: list[Tensor], orthogonal: bool | None = None) -> Tensor:
+        """The fused features from the chosen layers (validated, in the selection dtype), in order."""
         if not (self.orthogonal if orthogonal is None else orthogonal):
             return torch.cat(chosen, dim=1)
         parts = [chosen[0] - self._first_mean]
@@ -241,9 +244,14 @@ def _to_tensor(value: Any, name: str) -> Tensor:
 
 
 def _prepare_layers(
-    layers: LayerInput, dtype: torch.dtype, device: torch.device | None = None
+    layers: LayerInput, dtype: torch.dtype, device: torch.device | None = None, keep_narrower: bool = False
 ) -> list[Tensor]:
-    """Validate the layers and return them as ``(N, D_l)`` tensors of ``dtype`` on one device."""
+    """Validate the layers and return them as ``(N, D_l)`` tensors of ``dtype`` on one device.
+
+    With ``keep_narrower``, floating layers whose values ``dtype`` holds exactly (float32 for
+    float64) keep their dtype: the caller converts them where it reads them, without a copy of every
+    layer in ``dtype`` first.
+    """
     if isinstance(layers, Tensor | np.ndarray):
         if layers.ndim != 3:
             raise ValueError(
@@ -268,7 +276,9 @@ def _prepare_layers(
                 f"Layer {i} has {view.shape[0]} samples but layer 0 has {views[0].shape[0]}; every layer "
                 "must hold the same calibration samples in the same order."
             )
-        view = view.to(dtype=dtype, device=device if device is not None or not views else views[0].device)
+        keep = keep_narrower and view.is_floating_point() and torch.promote_types(view.dtype, dtype) == dtype
+        view = view.to(dtype=view.dtype if keep else dtype,
+                       device=device if device is not None or not views else views[0].device)
         # One reduction: a NaN or inf entry makes the sum non-finite (count them only then).
         bad = 0 if bool(torch.isfinite(view.sum())) else int((~torch.isfinite(view)).sum())
         if bad:
@@ -379,14 +389,14 @@ def _build_result(
         _residualizers=None,
         _calibration=[views[i] for i in chosen],
     )
-    result.fused = result.transform(views)
+    result.fused = result._fuse([views[i] for i in chosen])
     return result
 
 
 def _prepare(
-    layers: LayerInput, y: ArrayLike | None, task: Task, dtype: torch.dtype
+    layers: LayerInput, y: ArrayLike | None, task: Task, dtype: torch.dtype, keep_narrower: bool = False
 ) -> tuple[list[Tensor], _Targets]:
-    views = _prepare_layers(layers, dtype)
+    views = _prepare_layers(layers, dtype, keep_narrower=keep_narrower)
     return views, _prepare_targets(y, views[0].shape[0], task, dtype, views[0].device)
 
 
@@ -478,12 +488,14 @@ def select_layers(
         )
         scores = pd.DataFrame(rows, columns=SCORE_COLUMNS)
         return _build_result(views, chosen, scores, "loes", targets.task, orthogonal, variant="reference")
-    views, targets = _prepare(layers, y, task, dtype or torch.float64)
+    dtype = dtype or torch.float64
+    views, targets = _prepare(layers, y, task, dtype, keep_narrower=True)
     _check_k(k, len(views))
     _check_weights(lam=lam, alpha=alpha, gamma=gamma, eta=eta)
     weights = _Weights(lam, alpha, gamma, eta, iso or "participation", loss or "train",
                        2000 if max_triples is None else max_triples, seed)
-    chosen, scores = _greedy(views, targets, k, weights)
+    chosen, scores = _greedy(views, targets, k, weights, dtype)
+    views = [v.to(dtype) if i in chosen else v for i, v in enumerate(views)]
     return _build_result(views, chosen, scores, "loes", targets.task, orthogonal)
 
 
@@ -505,23 +517,26 @@ class _Weights:
 
 
 def _greedy(
-    views: list[Tensor], targets: _Targets, k: int, weights: _Weights
+    views: list[Tensor], targets: _Targets, k: int, weights: _Weights, dtype: torch.dtype | None = None
 ) -> tuple[list[int], pd.DataFrame]:
     """The greedy loop: score every remaining candidate, keep the argmin, refit the residual targets.
 
     Steps are scored by ``_GramScorer`` (the same values from cached Gram blocks); a step it cannot
     reproduce exactly (see ``_GramScorer.score_step``), and every step after it, is scored candidate by
-    candidate by ``_score_candidate`` from the features themselves.
+    candidate by ``_score_candidate`` from the features themselves. ``views`` narrower than ``dtype``
+    (the computation dtype, default: theirs) are converted where they are read.
     """
+    dtype = dtype or views[0].dtype
     if targets.matrix is not None:
         _check_lam(weights.lam)  # as ridge_loss would
     chosen: list[int] = []
     rows: list[dict[str, Any]] = []
-    scorer = _GramScorer.create(views, targets, weights)
+    scorer = _GramScorer.create(views, targets, weights, dtype)
     for step in range(k):
         step_rows = scorer.score_step(chosen) if scorer is not None else None
         if step_rows is None:
             scorer = None
+            views = [v.to(dtype) for v in views]
             step_rows = _direct_step(views, chosen, targets, weights)
         best = min(step_rows, key=lambda row: row["total"])
         for row in step_rows:
@@ -565,6 +580,12 @@ _NULL_TOL = 1e-6
 #: cutoff, and how far below it the dropped ones must lie, for the block basis to keep what the
 #: joint SVD of ``span_basis`` keeps; otherwise the step is scored from the features.
 _KEEP_MARGIN, _DROP_MARGIN = 10.0, 4.0
+#: Most null directions of a residual Gram that ``_deflated_block`` removes (a few exact linear
+#: constraints, such as LayerNorm's one per row); with more, ``eigh`` decides.
+_DEFLATE_MAX = 4
+#: Inverse subspace iterations ``_deflated_block`` runs: a null direction converges by the ratio of
+#: the cutoff to the smallest kept eigenvalue per iteration, at most 1e-2 where the split is clear.
+_DEFLATE_ITERATIONS = 3
 
 
 @dataclass
@@ -598,6 +619,12 @@ class _StepFit:
     sq: Tensor  # ||Rc||_F^2
 
 
+def _centred_copy(x: Tensor, dtype: torch.dtype) -> Tensor:
+    """``x - mean(x)`` in ``dtype``, centred in place in one new tensor (one allocation, not two)."""
+    out = x.to(dtype, copy=True)
+    return out.sub_(out.mean(dim=0, keepdim=True))
+
+
 class _GramScorer:
     """Scores LOES steps exactly as ``_score_candidate`` does, from Gram blocks instead of features.
 
@@ -606,9 +633,11 @@ class _GramScorer:
 
     With ``Xc_l`` the centred layers and ``c_1..c_t`` the chosen ones:
 
-    * the basis of the selected span (``span_basis``) is built one block per chosen layer: the
-      eigenvectors ``V`` of the chosen layer's residual Gram ``G~`` (its Gram after projecting out the
-      earlier blocks) give ``U_j = H~ V / s``, keeping ``s`` above ``span_basis``'s cutoff. While the
+    * the basis of the selected span (``span_basis``) is built one block per chosen layer from the
+      chosen layer's residual Gram ``G~`` (its Gram after projecting out the earlier blocks):
+      ``U_j = H~ L^-T`` from its Cholesky factor where it is clearly full rank, the same after
+      removing a few null directions (``_deflated_block``: LayerNorm outputs), else from its
+      eigenvectors, ``U_j = H~ V / s`` keeping ``s`` above ``span_basis``'s cutoff. While the
       spectrum is clearly split at the cutoff (``_KEEP_MARGIN``, ``_DROP_MARGIN``) this spans what the
       joint SVD keeps; otherwise ``score_step`` declines and the step is scored from the features;
     * each block is held as coefficients on the chosen layers, so a candidate's coordinates
@@ -625,11 +654,11 @@ class _GramScorer:
       by one block row per step.
     """
 
-    def __init__(self, views: list[Tensor], targets: _Targets, weights: _Weights) -> None:
+    def __init__(self, views: list[Tensor], targets: _Targets, weights: _Weights, dtype: torch.dtype) -> None:
         self.views, self.targets, self.weights = views, targets, weights
         self.n = views[0].shape[0]
         self.loo = targets.matrix is not None and weights.loss == "loo"
-        self.xc = [v - v.mean(dim=0, keepdim=True) for v in views]
+        self.xc = [_centred_copy(v, dtype) for v in views]
         self.gram = [gram_matrix(x) for x in self.xc]
         self.sq = [g.diagonal().sum() for g in self.gram]  # ||Xc||_F^2
         self.gram_norm = [torch.linalg.matrix_norm(g) for g in self.gram]
@@ -649,12 +678,14 @@ class _GramScorer:
             self.class_means = [class_centroids(x, targets.labels, targets.num_classes) for x in self.xc]
 
     @classmethod
-    def create(cls, views: list[Tensor], targets: _Targets, weights: _Weights) -> _GramScorer | None:
+    def create(
+        cls, views: list[Tensor], targets: _Targets, weights: _Weights, dtype: torch.dtype
+    ) -> _GramScorer | None:
         """The scorer, or ``None`` when a layer is wider than the sample count (the dual forms)."""
         n = views[0].shape[0]
         if any(v.shape[1] > n for v in views):
             return None
-        return cls(views, targets, weights)
+        return cls(views, targets, weights, dtype)
 
     @property
     def chosen(self) -> list[int]:
@@ -689,6 +720,8 @@ class _GramScorer:
         members = [*self.chosen, layer]
         block = self._cholesky_block(layer, factor, members)
         if block is None:
+            block = self._deflated_block(layer, factor, members)
+        if block is None:
             block = self._eigh_block(layer, factor, members)
             if block is None:
                 return False
@@ -704,7 +737,7 @@ class _GramScorer:
             coords = sum(t.T @ self.cross[(c, other)] for t, c in zip(block.t, members, strict=True))
             assert isinstance(coords, Tensor)
             self.coords[other].append(coords)
-            self.resid_gram[other] = torch.addmm(self.resid_gram[other], coords.T, coords, alpha=-1)
+            self.resid_gram[other] = self.resid_gram[other] - gram_matrix(coords)
             if self.resid is not None and u is not None:
                 if self.resid[other] is self.xc[other]:  # the first block: H~ stops sharing Xc's memory
                     self.resid[other] = torch.addmm(self.resid[other], u, coords, alpha=-1)
@@ -758,6 +791,57 @@ class _GramScorer:
         s_high = math.sqrt(float(torch.linalg.matrix_norm(gram)))
         block = self._new_block(layer, base, s_low, s_high, 0.0)
         low = self._selection_low(s_low, members)
+        return block if self._split_is_clear([*self.blocks, block], factor, low) else None
+
+    def _deflated_block(self, layer: int, factor: float, members: list[int]) -> _Block | None:
+        """The new block from a Cholesky factor once a few null directions of the residual Gram are removed.
+
+        Hidden states right after a LayerNorm obey one exact linear constraint per row, so their
+        residual Gram ``G`` has a null direction and ``_cholesky_block`` declines it. Here inverse
+        subspace iteration with the factor of ``G + delta I`` (``delta`` the squared cutoff) finds
+        the eigenvectors ``W`` of ``G`` below the cutoff; ``L L^T = G + c W W^T`` is then positive
+        definite, and with ``Q`` an orthonormal basis of the complement of ``L^-1 W``,
+        ``base = L^-T Q`` gives ``U = H~ base`` with ``U^T U = Q^T (I - c L^-1 W W^T L^-T) Q = I``,
+        spanning ``H~`` on the complement of ``W``: what ``eigh`` keeps when the spectrum is split.
+        The dropped part is at most ``||H~ W||``, and ``_split_is_clear`` checks the margins as for
+        the other bases. Two Cholesky factors and a triangular inverse cost about a third of
+        ``eigh`` at ``D = 384`` (2-core EPYC). ``None`` (``eigh`` decides) when a factorisation
+        fails, no or more than ``_DEFLATE_MAX`` directions lie below the cutoff, or the split is not
+        clear.
+        """
+        gram = self.resid_gram[layer]
+        d = gram.shape[0]
+        s_low = math.sqrt(max(float(gram.diagonal().max()), 0.0))
+        count = _DEFLATE_MAX + 2  # two guard vectors beyond the most directions removed
+        if s_low == 0 or d <= count:
+            return None
+        low = self._selection_low(s_low, members)
+        shifted, info = torch.linalg.cholesky_ex(_shifted(gram, (factor * low) ** 2))
+        if int(info) != 0:
+            return None
+        # A fixed start from a local generator: no random numbers drawn from the caller's streams.
+        start = torch.Generator(device=gram.device).manual_seed(0)
+        basis = torch.randn(d, count, generator=start, dtype=gram.dtype, device=gram.device)
+        for _ in range(_DEFLATE_ITERATIONS):
+            basis = torch.linalg.qr(torch.cholesky_solve(basis, shifted)).Q
+        ritz, vectors = torch.linalg.eigh(basis.T @ gram @ basis)
+        drop = int((ritz <= (factor * low / _DROP_MARGIN) ** 2).sum())
+        if not 0 < drop <= _DEFLATE_MAX:
+            return None
+        null = basis @ vectors[:, :drop]
+        scale = s_low**2
+        chol, info = torch.linalg.cholesky_ex(torch.addmm(gram, null, null.T, alpha=scale))
+        if int(info) != 0:
+            return None
+        eye = torch.eye(d, dtype=gram.dtype, device=gram.device)
+        inverse = torch.linalg.solve_triangular(chol, eye, upper=False)  # L^-1
+        reflectors, tau = torch.geqrf(math.sqrt(scale) * (inverse @ null))
+        base = torch.ormqr(reflectors, tau, inverse.T, left=False)[:, drop:]  # L^-T Q, Q's complement part
+        if not bool(torch.isfinite(base).all()):
+            return None
+        dropped = math.sqrt(max(float(torch.linalg.eigvalsh(null.T @ gram @ null).max()), 0.0))
+        s_high = math.sqrt(float(torch.linalg.matrix_norm(gram)))
+        block = self._new_block(layer, base, s_low, s_high, dropped)
         return block if self._split_is_clear([*self.blocks, block], factor, low) else None
 
     def _eigh_block(self, layer: int, factor: float, members: list[int]) -> _Block | None:
