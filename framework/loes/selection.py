@@ -737,7 +737,7 @@ class _GramScorer:
             coords = sum(t.T @ self.cross[(c, other)] for t, c in zip(block.t, members, strict=True))
             assert isinstance(coords, Tensor)
             self.coords[other].append(coords)
-            self.resid_gram[other] = self.resid_gram[other] - gram_matrix(coords)
+            self.resid_gram[other] = torch.addmm(self.resid_gram[other], coords.T, coords, alpha=-1)
             if self.resid is not None and u is not None:
                 if self.resid[other] is self.xc[other]:  # the first block: H~ stops sharing Xc's memory
                     self.resid[other] = torch.addmm(self.resid[other], u, coords, alpha=-1)
