@@ -667,7 +667,8 @@ class _GramScorer:
         self.resid = list(self.xc) if self.loo else None  # H~ of every layer (leave-one-out only)
         self.cross: dict[tuple[int, int], Tensor] = {}  # (chosen, other) -> Xc_chosen^T Xc_other
         self.blocks: list[_Block] = []
-        self.fit_factor: Tensor | None = None  # Cholesky factor of Sc^T Sc + lam I
+        # Block rows of the lower Cholesky factor of Sc^T Sc + lam I: row i holds L_i0 .. L_ii.
+        self.fit_rows: list[list[Tensor]] = []
         self.first_factors: dict[int, Tensor] = {}  # step 0's chol(Xc^T Xc + lam I) of every layer
         self.yc = None if targets.matrix is None else targets.matrix - targets.matrix.mean(dim=0)
         self.xty = None if self.yc is None else [thin_matmul(x.T, self.yc) for x in self.xc]  # Xc^T Yc
@@ -878,21 +879,44 @@ class _GramScorer:
     # ------------------------------------------------------------------ residual targets
 
     def _extend_fit_factor(self, layer: int) -> None:
-        """Grow the Cholesky factor of ``Sc^T Sc + lam I`` by the newly chosen layer's block row."""
+        """Grow the Cholesky factor of ``Sc^T Sc + lam I`` by the newly chosen layer's block row.
+
+        Kept as blocks (``fit_rows``): the solves run block by block, without assembling the whole
+        triangular factor (a ``(sum D)^2`` copy per step).
+        """
         if self.yc is None:
             return
-        if self.fit_factor is None:  # the first chosen layer's own probe factor, from step 0
+        if not self.fit_rows:  # the first chosen layer's own probe factor, from step 0
             first = self.first_factors.get(layer)
-            self.fit_factor = torch.linalg.cholesky(_shifted(self.gram[layer], self.weights.lam)) \
-                if first is None else first
+            self.fit_rows = [[torch.linalg.cholesky(_shifted(self.gram[layer], self.weights.lam))
+                              if first is None else first]]
             self.first_factors.clear()
             return
-        side = torch.cat([self.cross[(c, layer)] for c in self.chosen[:-1]], dim=0)
-        w = torch.linalg.solve_triangular(self.fit_factor, side, upper=False)
-        schur = torch.addmm(_shifted(self.gram[layer], self.weights.lam), w.T, w, alpha=-1)
-        lower = torch.linalg.cholesky(schur)
-        top = torch.cat([self.fit_factor, torch.zeros_like(w)], dim=1)
-        self.fit_factor = torch.cat([top, torch.cat([w.T, lower], dim=1)], dim=0)
+        w = self._forward_solve([self.cross[(c, layer)] for c in self.chosen[:-1]])
+        schur = _shifted(self.gram[layer], self.weights.lam)
+        for part in w:
+            schur.addmm_(part.T, part, alpha=-1)
+        self.fit_rows.append([part.T for part in w] + [torch.linalg.cholesky(schur)])
+
+    def _forward_solve(self, rhs: list[Tensor]) -> list[Tensor]:
+        """``L^-1 b`` by block rows, for ``b`` split as the chosen layers (as many blocks as rows)."""
+        out: list[Tensor] = []
+        for row, b in zip(self.fit_rows, rhs, strict=False):
+            for m, solved in enumerate(out):
+                b = torch.addmm(b, row[m], solved, alpha=-1)
+            out.append(torch.linalg.solve_triangular(row[-1], b, upper=False))
+        return out
+
+    def _fit_solve(self, rhs: list[Tensor]) -> list[Tensor]:
+        """``(Sc^T Sc + lam I)^-1 b`` by block forward and back substitution."""
+        z = self._forward_solve(rhs)
+        out: list[Tensor] = [z[0]] * len(z)
+        for i in reversed(range(len(z))):
+            b = z[i]
+            for m in range(i + 1, len(z)):
+                b = torch.addmm(b, self.fit_rows[m][i].T, out[m], alpha=-1)
+            out[i] = torch.linalg.solve_triangular(self.fit_rows[i][i].T, b, upper=True)
+        return out
 
     def _fit_residual(self) -> _StepFit | None:
         """The step's residual targets: ``Y`` minus the ridge fit on the chosen layers (``Y`` at step 0)."""
@@ -901,10 +925,9 @@ class _GramScorer:
         coef: list[Tensor] = []
         residual = self.yc
         if self.blocks:
-            assert self.fit_factor is not None and self.xty is not None
+            assert self.fit_rows and self.xty is not None
             chosen = self.chosen
-            solved = torch.cholesky_solve(torch.cat([self.xty[c] for c in chosen], dim=0), self.fit_factor)
-            coef = list(solved.split([self.views[c].shape[1] for c in chosen]))
+            coef = self._fit_solve([self.xty[c] for c in chosen])
             residual = self.yc - sum(thin_matmul(self.xc[c], part)
                                      for c, part in zip(chosen, coef, strict=True))
             residual = residual - residual.mean(dim=0)
