@@ -90,16 +90,17 @@ def _centred_ridge_prediction(xc: Tensor, gram: Tensor, y: Tensor, reg: float) -
     return thin_matmul(xc, weights) + y_mean
 
 
-def _solve_accurately(gram: Tensor, ridge: float, rhs: Tensor) -> Tensor:
+def _solve_accurately(gram: Tensor, ridge: float, rhs: Tensor, overwrite: bool = False) -> Tensor:
     """``(gram + ridge I)^{-1} rhs`` solved in float64, returned in ``gram``'s dtype.
 
     The one place the reference's float32 is not kept: when a probe nearly interpolates (``D`` close
     to ``N``, tiny ``reg``) a float32 solve's rounding exceeds the score gaps between layers, so the
     choice would depend on the order of floating-point operations rather than on the data. The
     matrix is symmetric positive definite unless rounding made it otherwise, so Cholesky (half the
-    work of LU) solves it, and LU where Cholesky fails.
+    work of LU) solves it, and LU where Cholesky fails. ``overwrite`` lets a float64 ``gram`` that
+    the caller no longer needs take the ridge in place, instead of a copy.
     """
-    matrix = gram.to(torch.float64, copy=True)
+    matrix = gram if overwrite and gram.dtype == torch.float64 else gram.to(torch.float64, copy=True)
     matrix.diagonal().add_(ridge)
     factor, info = torch.linalg.cholesky_ex(matrix)
     if int(info) == 0:
@@ -327,7 +328,8 @@ _IDENTITY_MAX_EXPLAINED = 1.0
 class _Part:
     """A candidate's orthogonalised part ``F = Xc - Sc coef`` (``reference_orthogonalize``), unformed.
 
-    ``gram`` is ``Fc^T Fc`` of its centred version ``Fc = F - mean(F)``, in float64.
+    ``gram`` is ``Fc^T Fc`` of its centred version ``Fc = F - mean(F)``, in float64; the probe
+    (``ridge_probe``) adds its ridge to it in place, so it is read before the probe or not at all.
     """
 
     layer: int
@@ -402,6 +404,7 @@ class _SelectionProducts:
         self.centred_means = [xc.mean(dim=0, keepdim=True).double() for xc in self.centred]  # ~0
         self.norms = [torch.linalg.matrix_norm(v) for v in views]
         self.cross: dict[tuple[int, int], Tensor] = {}  # (selected, other) -> Sc_selected^T Xc_other
+        self.cross64: dict[tuple[int, int], Tensor] = {}  # the same in float64, for the D x D algebra
         self.labels, self.num_classes = labels, num_classes
         self.class_means: dict[int, Tensor] = {}
         # The current step: its selection, solver, residual targets (centred) and their products.
@@ -421,6 +424,12 @@ class _SelectionProducts:
         if key not in self.cross:
             self.cross[key] = self.centred[selected].T @ self.centred[other]
         return self.cross[key]
+
+    def _cross64(self, selected: int, other: int) -> Tensor:
+        key = (selected, other)
+        if key not in self.cross64:
+            self.cross64[key] = self._cross(selected, other).double()
+        return self.cross64[key]
 
     def _block(self, a: int, b: int) -> Tensor:
         """``Xc_a^T Xc_b`` from the Grams and cached cross products."""
@@ -504,7 +513,7 @@ class _SelectionProducts:
         assert self.solve is not None
         self._step_products(layer)
         chosen = self.selection
-        rhs = torch.cat([self._cross(c, layer) for c in chosen], dim=0).double()
+        rhs = torch.cat([self._cross64(c, layer) for c in chosen], dim=0)
         coef = self.solve(layer, rhs)
         self.coefs[layer] = coef
         xc = self.centred[layer]
@@ -533,7 +542,7 @@ class _SelectionProducts:
         else:
             rhs = xty - thin_matmul(part.coef.T, sc_y) - part.mean.T @ yc.sum(dim=0, keepdim=True)
             gram = part.gram
-        weights = _solve_accurately(gram, reg, rhs)  # float64
+        weights = _solve_accurately(gram, reg, rhs, overwrite=part is not None)  # float64; part.gram is spent
         predict = functools.partial(self._prediction, layer, part, weights.to(xc.dtype), y_mean)
         bw, ww = (rhs.double() * weights).sum(), weights.square().sum()
         sse = yc.double().square().sum() - bw - reg * ww
@@ -556,7 +565,7 @@ class _SelectionProducts:
         values = []
         for c in chosen:
             # S^T X = Sc^T Xc + N mean(S)^T mean(X), the rank-one term added in place (BLAS ger).
-            raw = torch.addr(self._cross(c, layer).double(), self.means[c][0].double(),
+            raw = torch.addr(self._cross64(c, layer), self.means[c][0].double(),
                              self.means[layer][0].double(), alpha=self.n)
             norms = self.norms[layer].double() * self.norms[c].double()
             values.append(torch.linalg.matrix_norm(raw) / norms)
