@@ -280,6 +280,23 @@ def test_transform_reuses_calibration_maps():
         result.transform(layers[:-1])
 
 
+@pytest.mark.parametrize("orthogonal", [False, True])
+def test_float32_layers_select_and_fuse_as_their_float64_conversion(orthogonal):
+    """Narrower layers are converted where they are read; oracle: the same run on float64 copies."""
+    layers, a, b, _ = planted_layers(n=300)
+    narrow = [torch.from_numpy(layer).float() for layer in layers]
+    wide = [layer.double() for layer in narrow]
+    y = a + b
+    result = select_layers(narrow, y, k=3, orthogonal=orthogonal)
+    expected = select_layers(wide, y, k=3, orthogonal=orthogonal)
+    assert result.layers == expected.layers and result.fused.dtype == torch.float64
+    np.testing.assert_allclose(result.scores["total"], expected.scores["total"], rtol=1e-12)
+    torch.testing.assert_close(result.fused, expected.fused, rtol=1e-12, atol=1e-12)
+    test = [layer[:11] for layer in narrow]
+    torch.testing.assert_close(result.transform(test), expected.transform([t.double() for t in test]),
+                               rtol=1e-12, atol=1e-12)
+
+
 # ---------------------------------------------------------------- input errors
 
 

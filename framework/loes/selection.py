@@ -186,7 +186,7 @@ class LayerSelection:
         """The orthogonalisation maps, fitted on the calibration layers the first time they are needed."""
         if self._residualizers is None:
             assert self._calibration is not None
-            chosen = self._calibration
+            chosen = [layer.to(self.fused.dtype) for layer in self._calibration]
             self._residualizers = [fit_residualizer(chosen[j], torch.cat(chosen[:j], dim=1))
                                    for j in range(1, len(chosen))]
             self._calibration = None
@@ -206,7 +206,7 @@ class LayerSelection:
         Returns:
             ``(N, sum D)`` fused features, in the dtype used for selection.
         """
-        views = _prepare_layers(layers, self.fused.dtype, device=self.fused.device)
+        views = _prepare_layers(layers, self.fused.dtype, device=self.fused.device, keep_narrower=True)
         dims = [v.shape[1] for v in views]
         if dims != self.layer_dims:
             raise ValueError(
@@ -216,9 +216,15 @@ class LayerSelection:
         return self._fuse([views[i] for i in self.layers], orthogonal)
 
     def _fuse(self, chosen: list[Tensor], orthogonal: bool | None = None) -> Tensor:
-        """The fused features from the chosen layers (validated, in the selection dtype), in order."""
+        """The fused features from the chosen layers (validated; narrower dtypes converted), in order."""
+        dtype = self.fused.dtype
         if not (self.orthogonal if orthogonal is None else orthogonal):
-            return torch.cat(chosen, dim=1)
+            if all(layer.dtype == dtype for layer in chosen):
+                return torch.cat(chosen, dim=1)
+            # Converted straight into the result: no converted copy of each layer first.
+            width = sum(layer.shape[1] for layer in chosen)
+            return torch.cat(chosen, dim=1, out=chosen[0].new_empty(chosen[0].shape[0], width, dtype=dtype))
+        chosen = [layer.to(dtype) for layer in chosen]
         parts = [chosen[0] - self._first_mean]
         for i, residualizer in enumerate(self._fitted_residualizers(), start=1):
             parts.append(residualizer(chosen[i], torch.cat(chosen[:i], dim=1)))
@@ -374,18 +380,21 @@ def _build_result(
     task: str,
     orthogonal: bool,
     variant: str = "ripieno",
+    dtype: torch.dtype | None = None,
 ) -> LayerSelection:
+    """The selection's result; ``views`` narrower than ``dtype`` (default: theirs) are converted."""
     first = views[chosen[0]]
+    dtype = dtype or first.dtype
     result = LayerSelection(
         layers=list(chosen),
         scores=scores,
         method=method,
         task=task,
         variant=variant,
-        fused=first.new_empty(0),
+        fused=first.new_empty(0, dtype=dtype),
         orthogonal=orthogonal,
         layer_dims=[v.shape[1] for v in views],
-        _first_mean=first.mean(dim=0),
+        _first_mean=first.to(dtype).mean(dim=0),
         _residualizers=None,
         _calibration=[views[i] for i in chosen],
     )
@@ -495,8 +504,7 @@ def select_layers(
     weights = _Weights(lam, alpha, gamma, eta, iso or "participation", loss or "train",
                        2000 if max_triples is None else max_triples, seed)
     chosen, scores = _greedy(views, targets, k, weights, dtype)
-    views = [v.to(dtype) if i in chosen else v for i, v in enumerate(views)]
-    return _build_result(views, chosen, scores, "loes", targets.task, orthogonal)
+    return _build_result(views, chosen, scores, "loes", targets.task, orthogonal, dtype=dtype)
 
 
 def _check_lam(lam: float) -> None:
