@@ -127,6 +127,11 @@ def main() -> None:
     print(f"floor: the {products} products over the rows that ours needs for MiniLM (one Gram per layer, one"
           f" cross block per chosen layer and candidate; float64) take {floor * 1000:.0f} ms alone,"
           f" {100 * floor / rows[0][2]:.2f}% of its extraction")
+    algebra, operations = _algebra_floor(len(minilm_layers), minilm_layers[0].shape[1], args.k, args.repeats)
+    print(f"floor: the D x D algebra an exact score of ours needs ({operations} operations: per candidate and"
+          f" step a coordinate product per block, a Gram update and a Cholesky factor; a basis per chosen"
+          f" layer) takes {algebra * 1000:.0f} ms alone, {100 * algebra / rows[0][2]:.2f}%; with the products"
+          f" {100 * (floor + algebra) / rows[0][2]:.2f}%")
 
 
 def _paired_ratios(model: torch.nn.Module, batches: list[dict[str, torch.Tensor]], keys: list[str],
@@ -176,6 +181,44 @@ def _product_floor(layers: list[torch.Tensor], k: int, repeats: int) -> tuple[fl
         products()
         times.append(time.perf_counter() - start)
     return statistics.median(times), count
+
+
+def _algebra_floor(num_layers: int, d: int, k: int, repeats: int) -> tuple[float, int]:
+    """Median seconds of the ``D x D`` float64 operations ours' exact scores need, on constant matrices.
+
+    Step ``s`` (``s`` layers chosen) scores ``L - s`` candidates: each needs a Cholesky factor of its
+    residual Gram plus the ridge (and a solve), and for ``s >= 1`` its coordinates on each of the
+    ``s`` blocks (one ``D^3`` product each) and its residual Gram's update (one more); each chosen
+    layer but the last gets a basis (a Cholesky factor and a triangular inverse).
+    """
+    generator = torch.Generator().manual_seed(0)
+    rows = torch.randn(4 * d, d, generator=generator, dtype=torch.float64)
+    gram = rows.T @ rows
+    other = torch.randn(d, d, generator=generator, dtype=torch.float64)
+    targets = torch.randn(d, 2, generator=generator, dtype=torch.float64)
+    eye = torch.eye(d, dtype=torch.float64)
+    coordinates = sum(s * (num_layers - s) for s in range(1, k))
+    updates = sum(num_layers - s for s in range(1, k))
+    factors = sum(num_layers - s for s in range(k))
+
+    def algebra() -> None:
+        for _ in range(coordinates):
+            other @ gram
+        for _ in range(updates):
+            torch.addmm(gram, other.T, other, alpha=-1)
+        for _ in range(factors):
+            shifted = gram.clone()
+            shifted.diagonal().add_(1.0)
+            torch.cholesky_solve(targets, torch.linalg.cholesky(shifted))
+        for _ in range(k - 1):
+            torch.linalg.solve_triangular(torch.linalg.cholesky(gram), eye, upper=False)
+
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        algebra()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), coordinates + updates + factors + 2 * (k - 1)
 
 
 if __name__ == "__main__":
