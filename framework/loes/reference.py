@@ -80,13 +80,8 @@ def reference_ridge_prediction(x: Tensor, y: Tensor, reg: float) -> Tensor:
         ``(N, T)`` predictions ``Xc (Xc^T Xc + reg I)^{-1} Xc^T Yc + mean(Y)``.
     """
     xc = x - x.mean(dim=0, keepdim=True)
-    return _centred_ridge_prediction(xc, xc.T @ xc, y, reg)
-
-
-def _centred_ridge_prediction(xc: Tensor, gram: Tensor, y: Tensor, reg: float) -> Tensor:
-    """``reference_ridge_prediction`` given the centred features and their Gram ``xc^T xc``."""
     y_mean = y.mean(dim=0, keepdim=True)
-    weights = _solve_accurately(gram, reg, thin_matmul(xc.T, y - y_mean))
+    weights = _solve_accurately(xc.T @ xc, reg, thin_matmul(xc.T, y - y_mean))
     return thin_matmul(xc, weights) + y_mean
 
 
@@ -482,9 +477,7 @@ class _SelectionProducts:
                     return grown(prior, rhs[sizes[0]:])
 
                 return solve_grown
-        rows = [torch.cat([self._block(a, b) for b in chosen], dim=1) for a in chosen]
-        gram = torch.cat(rows, dim=0).double()
-        gram.diagonal().add_(ORTHOGONALIZATION_RIDGE)
+        gram = self._selection_matrix(chosen)
         inverse = _spd_inverse(gram)
         if inverse is None:
             lu = torch.linalg.lu_factor(gram)
@@ -493,10 +486,14 @@ class _SelectionProducts:
 
     def _solve_direct(self, chosen: list[int], rhs: Tensor) -> Tensor:
         """``(Sc^T Sc + 1e-6 I)^-1 rhs`` for a selection other than the step's, by LU, as the reference."""
+        return torch.linalg.solve(self._selection_matrix(chosen), rhs)
+
+    def _selection_matrix(self, chosen: list[int]) -> Tensor:
+        """``Sc^T Sc + 1e-6 I`` in float64, assembled from the Grams and cross blocks."""
         rows = [torch.cat([self._block(a, b) for b in chosen], dim=1) for a in chosen]
         gram = torch.cat(rows, dim=0).double()
         gram.diagonal().add_(ORTHOGONALIZATION_RIDGE)
-        return torch.linalg.solve(gram, rhs)
+        return gram
 
     def _step_products(self, layer: int) -> None:
         """``Sc_new^T Xc`` and ``Xc^T Yc`` of a candidate, in one pass over its features."""
