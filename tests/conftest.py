@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import tempfile
 
 import numpy as np
@@ -12,7 +14,19 @@ import pytest
 os.environ.setdefault("JSONARGPARSE_DEPRECATION_WARNINGS", "off")
 # Generated tokenizers, backbones and feature caches go to ripieno's cache folder: a fresh one per
 # session (subprocesses inherit it), never the user's ~/.cache/ripieno.
-os.environ["RIPIENO_CACHE"] = tempfile.mkdtemp(prefix="ripieno-test-cache-")
+# The folder is removed when this process exits (about 220 MB a run; left behind, runs filled /tmp),
+# and only by this process: a forked worker that inherits the handler leaves it to its parent.
+_TEST_CACHE = tempfile.mkdtemp(prefix="ripieno-test-cache-")
+_TEST_CACHE_OWNER = os.getpid()
+os.environ["RIPIENO_CACHE"] = _TEST_CACHE
+
+
+def _remove_test_cache() -> None:
+    if os.getpid() == _TEST_CACHE_OWNER:
+        shutil.rmtree(_TEST_CACHE, ignore_errors=True)
+
+
+atexit.register(_remove_test_cache)
 
 
 def make_table(n: int = 240, seed: int = 0, task: str = "regression") -> pd.DataFrame:
