@@ -280,6 +280,24 @@ def test_transform_reuses_calibration_maps():
         result.transform(layers[:-1])
 
 
+@pytest.mark.parametrize("variant", ["ripieno", "reference"])
+@pytest.mark.parametrize("transform_first", [False, True])
+def test_fused_is_built_when_first_read_and_equals_the_transform(variant, transform_first):
+    """Oracle: the transform of the calibration layers themselves, and their plain concatenation."""
+    layers, a, b, _ = planted_layers(n=200)
+    layers = [torch.from_numpy(layer).float() for layer in layers]
+    result = select_layers(layers, a + b, k=3, variant=variant, orthogonal=True)
+    assert result._fused is None  # nothing fused while selecting
+    if transform_first:  # the residualizers fitted first must not take the calibration away
+        result.transform(layers)
+    fused = result.fused
+    assert result.fused is fused  # built once
+    torch.testing.assert_close(fused, result.transform(layers), rtol=0, atol=0)
+    concat = torch.cat([layers[i] for i in result.layers], dim=1).to(fused.dtype)
+    torch.testing.assert_close(result.transform(layers, orthogonal=False), concat, rtol=0, atol=0)
+    assert result._calibration is None  # released once both are built
+
+
 @pytest.mark.parametrize("orthogonal", [False, True])
 def test_float32_layers_select_and_fuse_as_their_float64_conversion(orthogonal):
     """Narrower layers are converted where they are read; oracle: the same run on float64 copies."""

@@ -165,7 +165,9 @@ class LayerSelection:
         task: ``classification``, ``regression`` or ``label_free``.
         fused: ``(N, sum D)`` fused calibration features: the chosen layers concatenated in chosen
             order, or, if ``orthogonal``, the centred first layer followed by each later layer's part
-            orthogonal to the layers chosen before it.
+            orthogonal to the layers chosen before it. Built from the calibration layers when first
+            read (a property): the layer pipeline needs only ``layers``, and the copy is as large as
+            the chosen layers (float64 for ours).
         orthogonal: Which of the two ``fused`` holds (the default of ``transform``).
         layer_dims: Feature width of every input layer, checked by ``transform``.
     """
@@ -174,22 +176,35 @@ class LayerSelection:
     scores: pd.DataFrame = field(repr=False)
     method: str
     task: str
-    fused: Tensor = field(repr=False)
     orthogonal: bool
     layer_dims: list[int] = field(repr=False)
     _first_mean: Tensor = field(repr=False)
     _residualizers: list[Residualizer] | None = field(repr=False)
+    _dtype: torch.dtype = field(repr=False)  # of the fused and transformed features
     variant: str = "ripieno"
+    # The chosen calibration layers, kept until both the fused features and the residualizers are built.
     _calibration: list[Tensor] | None = field(default=None, repr=False)
+    _fused: Tensor | None = field(default=None, repr=False)
+
+    @property
+    def fused(self) -> Tensor:
+        """``(N, sum D)`` fused calibration features (see the class docstring); built on first read."""
+        if self._fused is None:
+            assert self._calibration is not None
+            self._fused = self._fuse(self._calibration)
+            if self._residualizers is not None:
+                self._calibration = None
+        return self._fused
 
     def _fitted_residualizers(self) -> list[Residualizer]:
         """The orthogonalisation maps, fitted on the calibration layers the first time they are needed."""
         if self._residualizers is None:
             assert self._calibration is not None
-            chosen = [layer.to(self.fused.dtype) for layer in self._calibration]
+            chosen = [layer.to(self._dtype) for layer in self._calibration]
             self._residualizers = [fit_residualizer(chosen[j], torch.cat(chosen[:j], dim=1))
                                    for j in range(1, len(chosen))]
-            self._calibration = None
+            if self._fused is not None:
+                self._calibration = None
         return self._residualizers
 
     @_without_autocast
@@ -206,7 +221,7 @@ class LayerSelection:
         Returns:
             ``(N, sum D)`` fused features, in the dtype used for selection.
         """
-        views = _prepare_layers(layers, self.fused.dtype, device=self.fused.device, keep_narrower=True)
+        views = _prepare_layers(layers, self._dtype, device=self._first_mean.device, keep_narrower=True)
         dims = [v.shape[1] for v in views]
         if dims != self.layer_dims:
             raise ValueError(
@@ -215,9 +230,10 @@ class LayerSelection:
             )
         return self._fuse([views[i] for i in self.layers], orthogonal)
 
+    @_without_autocast
     def _fuse(self, chosen: list[Tensor], orthogonal: bool | None = None) -> Tensor:
         """The fused features from the chosen layers (validated; narrower dtypes converted), in order."""
-        dtype = self.fused.dtype
+        dtype = self._dtype
         if not (self.orthogonal if orthogonal is None else orthogonal):
             if all(layer.dtype == dtype for layer in chosen):
                 return torch.cat(chosen, dim=1)
@@ -385,21 +401,19 @@ def _build_result(
     """The selection's result; ``views`` narrower than ``dtype`` (default: theirs) are converted."""
     first = views[chosen[0]]
     dtype = dtype or first.dtype
-    result = LayerSelection(
+    return LayerSelection(
         layers=list(chosen),
         scores=scores,
         method=method,
         task=task,
         variant=variant,
-        fused=first.new_empty(0, dtype=dtype),
         orthogonal=orthogonal,
         layer_dims=[v.shape[1] for v in views],
-        _first_mean=first.to(dtype).mean(dim=0),
+        _first_mean=first.mean(dim=0, dtype=dtype),
         _residualizers=None,
+        _dtype=dtype,
         _calibration=[views[i] for i in chosen],
     )
-    result.fused = result._fuse([views[i] for i in chosen])
-    return result
 
 
 def _prepare(
