@@ -182,6 +182,16 @@ def test_label_free_rule_is_iso_then_iso_plus_redundancy(
     assert float(step1["total"].iloc[0]) == pytest.approx(1 - iso[second] + 0.5 * red, rel=1e-6)
 
 
+def test_spectrum_moments_equal_those_of_eigvalsh_reading_the_lower_triangle() -> None:
+    """Oracle: ``eigvalsh``, which reads only the lower triangle, on a matrix whose upper one differs."""
+    generator = torch.Generator().manual_seed(5)
+    x = torch.randn(60, 9, generator=generator, dtype=torch.float64)
+    matrix = x.T @ x + torch.triu(torch.randn(9, 9, generator=generator, dtype=torch.float64), 1)
+    eigenvalues = torch.linalg.eigvalsh(matrix)
+    expected = eigenvalues.mean() / eigenvalues.std(correction=0)
+    torch.testing.assert_close(ref._spectrum_mean_over_std(matrix), expected, rtol=1e-12, atol=0)
+
+
 def test_reference_rejects_options_of_the_ripieno_variant() -> None:
     x = torch.randn(30, 3, 4)
     y = torch.arange(30) % 3

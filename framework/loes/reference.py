@@ -126,24 +126,25 @@ def reference_isotropy(x: Tensor) -> Tensor:
 
 def _covariance_isotropy(gram: Tensor, n: int) -> Tensor:
     """``reference_isotropy`` (``D <= 512``) from ``xc^T xc``, which the step-0 ridge probe shares."""
-    eye = torch.eye(gram.shape[0], dtype=gram.dtype, device=gram.device)
-    cov = gram / (n - 1) + ISO_JITTER * eye  # the matrix the reference decomposes, in its dtype
+    cov = gram / (n - 1)
+    cov.diagonal().add_(ISO_JITTER)  # + 1e-6 I: the matrix the reference decomposes, in its dtype
     return _spectrum_mean_over_std(cov.double()).to(gram.dtype)
 
 
 def _spectrum_mean_over_std(matrix: Tensor) -> Tensor:
     """``mean / std`` (population) of the eigenvalues of a symmetric matrix, without computing them.
 
-    Identities, not approximations: ``sum(lambda) = tr M`` and ``sum((lambda - m)^2) = ||M - m I||_F^2``.
-    Only the lower triangle is read, as ``eigvalsh`` does. Hand-written because the eigenvalues
-    themselves (an ``O(D^3)`` iterative decomposition) are not needed, only two of their moments.
+    Identities, not approximations: ``sum(lambda) = tr M`` and ``sum((lambda - m)^2) = ||M - m I||_F^2``,
+    the latter as ``2 ||strictly lower||^2 + ||diag - m||^2``. Only the lower triangle is read, as
+    ``eigvalsh`` does. Hand-written because the eigenvalues themselves (an ``O(D^3)`` iterative
+    decomposition) are not needed, only two of their moments.
     """
-    lower = matrix.tril()
-    symmetric = lower + lower.tril(-1).T
-    count = symmetric.shape[0]
-    mean = symmetric.diagonal().sum() / count
-    centred = symmetric - mean * torch.eye(count, dtype=matrix.dtype, device=matrix.device)
-    return mean / (centred.square().sum() / count).sqrt()
+    count = matrix.shape[0]
+    diagonal = matrix.diagonal()
+    mean = diagonal.sum() / count
+    lower = matrix.tril(-1).reshape(-1)  # one copy; the symmetric matrix was never formed
+    spread = 2 * torch.dot(lower, lower) + (diagonal - mean).square().sum()
+    return mean / (spread / count).sqrt()
 
 
 def reference_redundancy(x: Tensor, selected: list[Tensor]) -> Tensor:
@@ -354,8 +355,12 @@ class _GrownSolver:
         self.side, self.x, self.schur_inverse = side, x, schur_inverse
 
     def __call__(self, previous: Tensor, new: Tensor) -> Tensor:
-        z = self.schur_inverse @ torch.addmm(new, self.side.T, previous, alpha=-1)
-        return torch.cat([torch.addmm(previous, self.x, z, alpha=-1), z], dim=0)
+        # Both block rows are written into the result itself (row slices are contiguous): no concatenation.
+        size = previous.shape[0]
+        out = previous.new_empty(size + new.shape[0], new.shape[1])
+        z = torch.mm(self.schur_inverse, torch.addmm(new, self.side.T, previous, alpha=-1), out=out[size:])
+        torch.addmm(previous, self.x, z, alpha=-1, out=out[:size])
+        return out
 
 
 def _grown_solver(side: Tensor, x: Tensor, corner: Tensor) -> _GrownSolver | None:
@@ -510,7 +515,8 @@ class _SelectionProducts:
         assert self.solve is not None
         self._step_products(layer)
         chosen = self.selection
-        rhs = torch.cat([self._cross64(c, layer) for c in chosen], dim=0)
+        blocks = [self._cross64(c, layer) for c in chosen]
+        rhs = blocks[0] if len(blocks) == 1 else torch.cat(blocks, dim=0)  # read only: no copy of one block
         coef = self.solve(layer, rhs)
         self.coefs[layer] = coef
         xc = self.centred[layer]
@@ -519,7 +525,7 @@ class _SelectionProducts:
         # F^T F = Xc^T Xc - (C + 1e-6 coef)^T coef, then centred: minus N mean^T mean.
         shifted = torch.add(rhs, coef, alpha=ORTHOGONALIZATION_RIDGE)
         f_gram = torch.addmm(self.grams64[layer], shifted.T, coef, alpha=-1)
-        f_gram = torch.addmm(f_gram, mean.T, mean, alpha=-self.n)
+        f_gram.addr_(mean[0], mean[0], alpha=-self.n)  # in place: the rank-one term (BLAS ger)
         return _Part(layer, coef.to(xc.dtype), mean.to(xc.dtype), f_gram)
 
     def ridge_probe(self, layer: int, part: _Part | None, reg: float) -> tuple[float, Callable[[], Tensor]]:
