@@ -688,6 +688,7 @@ class _GramScorer:
         self.coords: list[list[Tensor]] = [[] for _ in views]  # A_j of every layer, one per block
         self.resid = list(self.xc) if self.loo else None  # H~ of every layer (leave-one-out only)
         self.cross: dict[tuple[int, int], Tensor] = {}  # (chosen, other) -> Xc_chosen^T Xc_other
+        self.cross_square: dict[tuple[int, int], Tensor] = {}  # the same -> its squared Frobenius norm
         self.blocks: list[_Block] = []
         # Block rows of the lower Cholesky factor of Sc^T Sc + lam I: row i holds L_i0 .. L_ii.
         self.fit_rows: list[list[Tensor]] = []
@@ -988,8 +989,16 @@ class _GramScorer:
         total = sum(self.gram_norm[c].square() for c in chosen)
         for i, a in enumerate(chosen):
             for b in chosen[i + 1:]:
-                total = total + 2 * self.cross[(a, b)].square().sum()
+                total = total + 2 * self._cross_square(a, b)
         return total.sqrt()
+
+    def _cross_square(self, chosen: int, other: int) -> Tensor:
+        """``||Xc_chosen^T Xc_other||_F^2``, once per block (every later step reads it again)."""
+        key = (chosen, other)
+        if key not in self.cross_square:
+            flat = self.cross[key].reshape(-1)  # a view: the block is one GEMM's contiguous output
+            self.cross_square[key] = torch.dot(flat, flat)
+        return self.cross_square[key]
 
     # ------------------------------------------------------------------ one candidate
 
@@ -1006,7 +1015,7 @@ class _GramScorer:
             ridge = float(self._ridge(layer, fit, null, norm))
         if self.blocks:
             assert gs_norm is not None
-            cross = sum(self.cross[(c, layer)].square().sum() for c in self.chosen)
+            cross = sum(self._cross_square(c, layer) for c in self.chosen)
             norms = self.gram_norm[layer] * gs_norm
             red = 0.0 if float(norms) == 0 else float(cross / norms)
             if self.targets.labels is not None:  # 0 below three classes, as triangle_score

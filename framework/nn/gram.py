@@ -41,4 +41,4 @@ def gram_matrix(x: Tensor) -> Tensor:
     for start, stop in zip(edges[:-1], edges[1:], strict=True):
         torch.mm(rows[start:stop], x[:, start:], out=out[start:stop, start:])  # a block row, rightwards
     upper = out.triu_()  # one GEMM need not round (i, j) and (j, i) alike: the upper triangle decides
-    return upper + upper.triu(1).mT
+    return upper.add_(upper.triu(1).mT)  # the lower triangle is zero: it becomes the mirror, in place
