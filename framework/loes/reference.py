@@ -53,6 +53,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ripieno.framework.nn.cholesky import cholesky_solve
 from ripieno.framework.nn.gram import gram_matrix
 from ripieno.framework.nn.thin_products import thin_matmul
 
@@ -99,7 +100,7 @@ def _solve_accurately(gram: Tensor, ridge: float, rhs: Tensor, overwrite: bool =
     matrix.diagonal().add_(ridge)
     factor, info = torch.linalg.cholesky_ex(matrix)
     if int(info) == 0:
-        return torch.cholesky_solve(rhs.double(), factor).to(gram.dtype)
+        return cholesky_solve(rhs.double(), factor).to(gram.dtype)
     return torch.linalg.solve(matrix, rhs.double()).to(gram.dtype)
 
 

@@ -77,6 +77,7 @@ from ripieno.framework.loes.geometry import (
     triangle_score,
 )
 from ripieno.framework.loes.reference import ReferenceWeights, reference_greedy
+from ripieno.framework.nn.cholesky import cholesky_solve
 from ripieno.framework.nn.gram import gram_matrix
 from ripieno.framework.nn.thin_products import thin_matmul
 
@@ -847,7 +848,7 @@ class _GramScorer:
         start = torch.Generator(device=gram.device).manual_seed(0)
         basis = torch.randn(d, count, generator=start, dtype=gram.dtype, device=gram.device)
         for _ in range(_DEFLATE_ITERATIONS):
-            basis = torch.linalg.qr(torch.cholesky_solve(basis, shifted)).Q
+            basis = torch.linalg.qr(cholesky_solve(basis, shifted)).Q
         ritz, vectors = torch.linalg.eigh(basis.T @ gram @ basis)
         drop = int((ritz <= (factor * low / _DROP_MARGIN) ** 2).sum())
         if not 0 < drop <= _DEFLATE_MAX:
@@ -1040,7 +1041,7 @@ class _GramScorer:
         rhs = self.xty[layer] - sum(thin_matmul(self.cross[(c, layer)].T, part)
                                     for c, part in zip(self.chosen, fit.coef, strict=True))
         rhs = rhs - sum(a.T @ p for a, p in zip(self.coords[layer], fit.units, strict=True))
-        weights = torch.cholesky_solve(rhs, factor)
+        weights = cholesky_solve(rhs, factor)
         if not self.loo:
             # ||Rc - H~ W||^2 = ||Rc||^2 - b.W - lam ||W||^2 since (G~ + lam I) W = b; taken where its
             # rounding (relative to the size of its terms) is far below the result.
