@@ -15,7 +15,15 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 from sklearn.utils.estimator_checks import check_estimator
 
-from ripieno.framework.methods.estimators import ADAPTERS, EnsembleClassifier, EnsembleRegressor
+from ripieno.framework.errors import RipienoInputError
+from ripieno.framework.methods import estimators
+from ripieno.framework.methods.estimators import (
+    ADAPTERS,
+    PARAMETERS,
+    EnsembleClassifier,
+    EnsembleRegressor,
+    InvalidParameterError,
+)
 
 SUBSET_INVARIANCE = ("float32 matrix products differ in the last bits with the batch's size, so a row's"
                      " prediction can move by ~1e-6 relative when predicted in a smaller batch")
@@ -124,3 +132,72 @@ def test_trainer_kwargs_reach_the_trainer_and_bad_arguments_are_errors():
         EnsembleClassifier(**QUICK).fit(x[:100], y[:100], X_val=x[100:102], y_val=["setosa", "cactus"])
     with pytest.raises(ValueError, match="categorical column 'colour' is not in X"):
         EnsembleClassifier(**{**QUICK, "categorical": ["colour"]}).fit(pd.DataFrame(x).add_prefix("f"), y)
+
+
+def test_every_constructor_parameter_has_a_constraint():
+    for cls in (EnsembleClassifier, EnsembleRegressor):
+        assert set(cls().get_params(deep=False)) == set(PARAMETERS)
+
+
+BAD_PARAMETERS = [  # (name, value, what the message says after "<class>: ")
+    ("max_epochs", "3", "max_epochs must be an int >= 1, got '3' (str)."),
+    ("max_epochs", 0, "max_epochs must be an int >= 1, got 0 (int)."),
+    ("max_epochs", 3.0, "max_epochs must be an int >= 1, got 3.0 (float)."),
+    ("k", 0, "k must be an int >= 1, got 0 (int)."),
+    ("k", True, "k must be an int >= 1, got True (bool)."),
+    ("k", np.int64(-2), "k must be an int >= 1, got np.int64(-2) (int64)."),
+    ("lr", -1, "lr must be a finite float > 0, got -1 (int)."),
+    ("lr", float("inf"), "lr must be a finite float > 0, got inf (float)."),
+    ("lr", "1e-3", "lr must be a finite float > 0, got '1e-3' (str)."),
+    ("adapter", "lora",
+     "adapter must be one of ['additive', 'lometab', 'mini', 'packed', 'rank1', 'shared'],"
+     " got 'lora' (str)."),
+    ("patience", 1.5, "patience must be an int >= 0, got 1.5 (float)."),
+    ("patience", -1, "patience must be an int >= 0, got -1 (int)."),
+    ("dropout", 1.0, "dropout must be a float in [0, 1), got 1.0 (float)."),
+    ("val_size", 0, "val_size must be a float in (0, 1), got 0 (int)."),
+    ("weight_decay", -1e-4, "weight_decay must be a finite float >= 0, got -0.0001 (float)."),
+    ("sigma_init", -0.5, "sigma_init must be None or a finite float >= 0, got -0.5 (float)."),
+    ("n_bins", 1, "n_bins must be an int >= 2, got 1 (int)."),
+    ("batch_size", None, "batch_size must be an int >= 1, got None (NoneType)."),
+    ("numeric_embedding", "linear", "numeric_embedding must be one of ['none', 'ple'], got 'linear' (str)."),
+    ("missing", "drop", "missing must be one of ['error', 'impute'], got 'drop' (str)."),
+    ("verbose", "yes", "verbose must be a bool, got 'yes' (str)."),
+    ("categorical", "colour",
+     "categorical must be None or a list of column names or indices, got 'colour' (str)."),
+    ("random_state", -1,
+     "random_state must be None or an int in [0, 2**32 - 1] (or a numpy RandomState), got -1 (int)."),
+    ("trainer_kwargs", ["max_epochs", 1],
+     "trainer_kwargs must be None or a dict, got ['max_epochs', 1] (list)."),
+]
+
+
+@pytest.mark.parametrize("cls", [EnsembleClassifier, EnsembleRegressor])
+@pytest.mark.parametrize(("name", "value", "message"), BAD_PARAMETERS,
+                         ids=[f"{name}={value!r}" for name, value, _ in BAD_PARAMETERS])
+def test_bad_parameters_are_one_line_errors_before_the_data_is_read(cls, name, value, message, monkeypatch):
+    def not_reached(*args, **kwargs):
+        pytest.fail("fit read the data or trained before checking its parameters")
+
+    monkeypatch.setattr(estimators._TabularEnsembleEstimator, "_frame", not_reached)
+    monkeypatch.setattr(estimators._TabularEnsembleEstimator, "_train", not_reached)
+    estimator = cls().set_params(**{name: value})
+    x, y = _iris()
+    with pytest.raises(InvalidParameterError) as caught:
+        estimator.fit(x, y if cls is EnsembleClassifier else np.arange(len(x), dtype=float))
+    assert str(caught.value) == f"{cls.__name__}: {message}"
+    assert isinstance(caught.value, RipienoInputError) and isinstance(caught.value, TypeError)
+    assert estimator.get_params()[name] is value  # left as given
+
+
+def test_numpy_numbers_are_accepted_and_fit_as_the_python_ones():
+    x, y = _iris()
+    numpy_params = {"k": np.int64(2), "d_block": np.int32(16), "max_epochs": np.int64(8),
+                    "lr": np.float64(1e-2), "random_state": np.int64(0), "patience": np.int64(8),
+                    "batch_size": np.int64(256), "n_bins": np.int16(32), "dropout": np.float32(0.1),
+                    "verbose": np.bool_(False)}
+    got = EnsembleClassifier(**numpy_params).fit(x, y)
+    expected = EnsembleClassifier(**{name: value.item() for name, value in numpy_params.items()}).fit(x, y)
+    np.testing.assert_array_equal(got.predict_proba(x), expected.predict_proba(x))
+    assert got.n_epochs_ == expected.n_epochs_
+    assert type(got.model_.hparams.k) is int and type(got.model_.hparams.lr) is float  # checkpoint-safe

@@ -11,6 +11,7 @@ from torch.utils.data import DataLoader
 
 from ripieno.datamodules.base import collate_batch
 from ripieno.datamodules.tabular import TabularTensorDataset
+from ripieno.framework.errors import RipienoInputError
 from ripieno.framework.methods import TabularEnsembleModule
 from ripieno.framework.methods.member_selection import choose_members, ensemble_score, subset_members
 from ripieno.framework.specs.tabular import TabularSpec
@@ -65,12 +66,49 @@ def test_bad_selection_arguments_are_errors():
     probs, target = _member_probs()
     with pytest.raises(ValueError, match="k=7 > the 6 trained members"):
         choose_members(probs, target, k=7, method="topk")
+    for k, method in [(0, "greedy"), (-1, "topk"), (7, "topk"), (2.0, "greedy"), (True, "topk")]:
+        with pytest.raises(RipienoInputError) as caught:
+            choose_members(probs, target, k=k, method=method)
+        assert str(caught.value) == K_MESSAGES[k, method]
+    assert choose_members(probs, target, k=np.int64(2), method="topk").indices == \
+        choose_members(probs, target, k=2, method="topk").indices
     with pytest.raises(ValueError, match="method must be one of"):
         choose_members(probs, target, k=2, method="best")
     with pytest.raises(ValueError, match="needs classification"):
         choose_members(torch.randn(5, 3), torch.randn(5), k=2, metric="error")
     with pytest.raises(ValueError, match=r"Member indices must be in \[0, 4\)"):
         subset_members(TabularEnsembleModule(SPEC, k=4, d_block=8), [0, 4])
+
+
+K_MESSAGES = {
+    (0, "greedy"): "k=0: at least 1 member must be kept; give k >= 1 (greedy: any k >= 1, members may repeat;"
+                   " topk: 1 to 6, the trained members).",
+    (-1, "topk"): "k=-1: at least 1 member must be kept; give k >= 1 (greedy: any k >= 1, members may repeat;"
+                  " topk: 1 to 6, the trained members).",
+    (7, "topk"): "topk keeps distinct members: k=7 > the 6 trained members; give k from 1 to 6, or"
+                 " method='greedy' (it selects with replacement: any k >= 1).",
+    (2.0, "greedy"): "k must be an int >= 1 (the members to keep), got 2.0 (float).",
+    (True, "topk"): "k must be an int >= 1 (the members to keep), got True (bool).",
+}
+"""``choose_members``' message for a bad ``k`` of 6 members, by ``(k, method)``."""
+
+
+def test_greedy_may_keep_more_members_than_were_trained():
+    probs, target = _member_probs(k=3, seed=5)
+    chosen = choose_members(probs, target, k=8)  # with replacement: integer weights over 3 members
+    assert len(chosen.indices) == 8 and set(chosen.indices) <= {0, 1, 2}
+    assert chosen.score == pytest.approx(ensemble_score(probs[:, chosen.indices], target).item())
+
+
+def test_module_select_members_refuses_a_bad_k_with_the_same_message():
+    model = TabularEnsembleModule(SPEC, k=6, d_block=8)
+    g = torch.Generator().manual_seed(6)
+    val = [{"x_num": torch.rand(8, 3, generator=g), "x_cat": torch.randint(0, 4, (8, 1), generator=g),
+            "y": torch.randint(0, 3, (8,), generator=g)}]
+    for k, method in [(0, "greedy"), (7, "topk")]:
+        with pytest.raises(RipienoInputError) as caught:
+            model.select_members(k, method=method, dataloader=val)
+        assert str(caught.value) == K_MESSAGES[k, method]
 
 
 def _inputs(n: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
@@ -146,3 +184,66 @@ def test_cli_select_members_writes_a_checkpoint_that_predicts_like_the_chosen_me
         torch.testing.assert_close(small(x_num, x_cat), expected, rtol=1e-6, atol=1e-6)
     with pytest.raises(SystemExit, match="give the run's config with -c"):
         main(["select_members", f"--ckpt_path={ckpt}", "--k=3"])
+
+
+def _trained_checkpoint(path, k: int) -> None:
+    """A ``k``-member checkpoint saved by a Trainer (validated on 16 rows: nothing trained)."""
+    L.seed_everything(0, verbose=False)
+    x_num, x_cat = _inputs()
+    loader = DataLoader(TabularTensorDataset(x_num, x_cat, torch.zeros(16, dtype=torch.long)), batch_size=16,
+                        collate_fn=collate_batch)
+    trainer = L.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False,
+                        default_root_dir=path.parent)
+    trainer.validate(TabularEnsembleModule(SPEC, k=k, d_block=8), dataloaders=loader, verbose=False)
+    trainer.save_checkpoint(path)
+
+
+BELOW_ONE = ("at least 1 member must be kept; give --k 1 or more (--method greedy: any k >= 1, members may"
+             " repeat; --method topk: 1 to the ensemble's member count).")
+TOPK = ("--method topk keeps distinct members: --k {k} > the 6 members of {ckpt}; give --k from 1 to 6, or"
+        " --method greedy (it selects with replacement: any k >= 1).")
+SELECT_MEMBERS_K = [
+    (["--k", "0"], "--k 0: " + BELOW_ONE),
+    (["--k", "-1", "--method", "topk"], "--k -1: " + BELOW_ONE),
+    (["--k", "100", "--method", "topk"], TOPK.replace("{k}", "100")),
+    (["--k=7", "--method=topk", "--metric=error"], TOPK.replace("{k}", "7")),
+]
+
+
+def _select_members_inputs(tmp_path) -> tuple[str, str, str]:
+    """``(checkpoint, config, data file)``: a 6-member checkpoint, and a config whose data file is absent.
+
+    Reading the data would end in ``<data file>: does not exist``, so a refusal that reads
+    otherwise came before the data was read.
+    """
+    ckpt, config, absent = tmp_path / "best.ckpt", tmp_path / "config.yaml", tmp_path / "absent.csv"
+    _trained_checkpoint(ckpt, k=6)
+    config.write_text("model:\n  class_path: ripieno.framework.TabularEnsembleModule\n"
+                      "  init_args: {k: 6, d_block: 8}\n"
+                      "data:\n  class_path: ripieno.datamodules.TabularDataModule\n"
+                      f"  init_args: {{dataset: null, path: {absent}, target: y}}\n")
+    return str(ckpt), str(config), str(absent)
+
+
+@pytest.mark.parametrize(("k_args", "message"), SELECT_MEMBERS_K, ids=["k0", "k-1", "topk100", "topk7"])
+def test_cli_select_members_refuses_a_bad_k_in_one_line_before_the_data_is_read(tmp_path, k_args, message):
+    from ripieno.framework.cli.main import main
+
+    ckpt, config, _ = _select_members_inputs(tmp_path)
+    before = sorted(tmp_path.iterdir())
+    with pytest.raises(SystemExit) as caught:
+        main(["select_members", "-c", config, "--ckpt_path", ckpt, *k_args])
+    assert caught.value.code == "ripieno select_members: " + message.format(ckpt=ckpt)
+    assert sorted(tmp_path.iterdir()) == before  # no checkpoint written
+
+
+def test_cli_select_members_greedy_takes_more_members_than_were_trained(tmp_path):
+    from ripieno.framework.cli.main import main
+
+    ckpt, config, absent = _select_members_inputs(tmp_path)
+    before = sorted(tmp_path.iterdir())
+    with pytest.raises(SystemExit) as caught:  # with replacement k=100 of 6 is valid: the data is read next
+        main(["select_members", "-c", config, "--ckpt_path", ckpt, "--k", "100"])
+    missing = f"{absent}: does not exist; check data.init_args.path."
+    assert caught.value.code == f"ripieno select_members: {missing}"
+    assert sorted(tmp_path.iterdir()) == before

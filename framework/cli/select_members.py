@@ -10,6 +10,9 @@ that ``ripieno predict`` / ``test`` / ``load_from_checkpoint`` read like any oth
 The checkpoint is written atomically (a temporary file in the same folder, renamed into
 place) and never over a file by surprise, and every refusal comes before the data is read:
 
+* ``--k`` below 1 is refused as soon as the options are parsed, and with ``--method topk``
+  (distinct members) a ``--k`` above the checkpoint's saved member count ``k``; ``greedy``
+  selects with replacement, so any ``--k >= 1`` is valid (a member chosen twice counts twice);
 * ``--out`` naming the input checkpoint (or a ``-c`` config) is always refused;
 * an existing ``--out`` is refused unless ``--overwrite`` is given, which replaces only a
   checkpoint file (a ``torch.save`` archive), never a table or a config;
@@ -106,6 +109,24 @@ def _config_files(args: list[str]) -> list[Path]:
     return [Path(f) for f in files]
 
 
+def _check_k(options: argparse.Namespace, request: CheckpointRequest) -> None:
+    """Refuse a ``--k`` the checkpoint's ensemble cannot give, from its saved ``k`` (no data is read).
+
+    ``greedy`` selects with replacement, so any ``k >= 1`` is valid (a member chosen twice
+    counts twice); ``topk`` keeps distinct members, so at most the trained member count.
+
+    Raises:
+        SystemExit: one line with the valid range and the fix.
+    """
+    n_members = request.hparams.get("k")
+    if options.method != "topk" or isinstance(n_members, bool) or not isinstance(n_members, int):
+        return  # greedy: no upper bound; no saved k: choose_members checks it against the predictions
+    if options.k > n_members:
+        raise SystemExit(f"{PREFIX}--method topk keeps distinct members: --k {options.k} > the {n_members}"
+                         f" members of {request.path}; give --k from 1 to {n_members}, or --method greedy"
+                         " (it selects with replacement: any k >= 1).")
+
+
 def _output(options: argparse.Namespace, ckpt: Path, configs: list[Path]) -> tuple[Path, bool]:
     """The checkpoint to write and whether it is the default name; refusals as ``SystemExit``.
 
@@ -167,10 +188,14 @@ def select_members_main(args: list[str]) -> Path:
             config parser, the rest is this command's own options).
 
     Raises:
-        SystemExit: bad input (a missing config or checkpoint, an ``--out`` that would replace
-            a file, a config error), as one line naming it and the fix.
+        SystemExit: bad input (a ``--k`` the ensemble cannot give, a missing config or checkpoint,
+            an ``--out`` that would replace a file, a config error), as one line naming it and the fix.
     """
     options, rest = _parser().parse_known_args(args)
+    if options.k < 1:
+        raise SystemExit(f"{PREFIX}--k {options.k}: at least 1 member must be kept; give --k 1 or more"
+                         " (--method greedy: any k >= 1, members may repeat; --method topk: 1 to the"
+                         " ensemble's member count).")
     if not any(a in CONFIG_FLAGS or a.startswith("--config=") for a in rest):
         raise SystemExit(PREFIX + "give the run's config with -c (a recipe name or the config.yaml saved"
                          " beside its logs), so the validation split can be rebuilt.")
@@ -181,6 +206,7 @@ def select_members_main(args: list[str]) -> Path:
         rest = resolve_config_args(rest)
     except (CheckpointFileError, RecipeNotFoundError) as error:
         raise SystemExit(f"{PREFIX}{error}") from None
+    _check_k(options, request)
     out, default_name = _output(options, ckpt, _config_files(rest))
     try:
         return _select(options, rest, request, out, default_name)

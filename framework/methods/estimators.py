@@ -9,6 +9,12 @@ early stopping on the validation loss (``X_val``/``y_val``, else a ``val_size`` 
 the training rows) and the best epoch's weights restored. ``random_state`` makes fits
 repeatable without touching the caller's random state (torch's generator is forked).
 
+As scikit-learn's own estimators do, ``fit`` first checks every constructor parameter
+against ``PARAMETERS`` (its type, range or choices) and refuses a bad one with one line
+naming it, the value and what is allowed (``InvalidParameterError``), before any data is
+read or anything is trained; NumPy integers and floats count as ints and floats, ``bool``
+does not count as an int.
+
 Written here because the ``tabm`` package has no scikit-learn interface (its maintainers
 declined one), and wrappers elsewhere (pytabkit, AutoGluon) wrap other models.
 """
@@ -16,10 +22,13 @@ declined one), and wrappers elsewhere (pytabkit, AutoGluon) wrap other models.
 from __future__ import annotations
 
 import logging
+import math
+import numbers
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any, ClassVar
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
 
 import lightning as L
 import numpy as np
@@ -33,6 +42,7 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, column_or_1d, validate_data
 from torch.utils.data import DataLoader
 
+from ripieno.framework.errors import RipienoInputError
 from ripieno.framework.messages import quiet_lightning
 from ripieno.framework.methods.tabular_ensemble import TabularEnsembleModule
 from ripieno.framework.nn.embeddings import compute_bins
@@ -50,12 +60,154 @@ ADAPTERS: dict[str, dict[str, str]] = {
 """``adapter`` names of the estimators and the ``TabularEnsembleModule`` arguments they set."""
 
 
+class InvalidParameterError(RipienoInputError, TypeError):
+    """A constructor parameter of the wrong type or out of range; a ``ValueError`` and a ``TypeError``.
+
+    Both, as scikit-learn's own ``InvalidParameterError``: callers catching either see it.
+    """
+
+
+def _is_int(value: object) -> bool:
+    """Python and NumPy integers, not ``bool``."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_real(value: object) -> bool:
+    """Finite Python and NumPy ints and floats, not ``bool``."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _is_column(value: object) -> bool:
+    """A column name or index."""
+    return isinstance(value, str) or _is_int(value)
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """What one constructor parameter accepts: a kind, and for numbers a range, for strings the choices.
+
+    Attributes:
+        kind: ``int``, ``float`` (ints accepted too), ``str`` (one of ``choices``), ``bool``,
+            ``columns`` (a list of column names or indices), ``seed`` (an int or a NumPy
+            ``RandomState``) or ``dict``.
+        low: the lowest number allowed (``None``: no bound).
+        high: the highest number allowed (``None``: no bound).
+        bounds: whether ``low`` and ``high`` are included: ``[]``, ``[)``, ``(]`` or ``()``.
+        choices: the strings allowed (``str``).
+        none: whether ``None`` is allowed too.
+    """
+
+    kind: Literal["int", "float", "str", "bool", "columns", "seed", "dict"]
+    low: float | None = None
+    high: float | None = None
+    bounds: Literal["[]", "[)", "(]", "()"] = "[]"
+    choices: tuple[str, ...] = ()
+    none: bool = False
+
+    def accepts(self, value: object) -> bool:
+        """Whether ``value`` is of the kind and within the range or choices."""
+        if value is None:
+            return self.none
+        if self.kind == "str":
+            return isinstance(value, str) and value in self.choices
+        if self.kind == "bool":
+            return isinstance(value, bool | np.bool_)
+        if self.kind == "columns":  # a list, tuple, array or Index; not one name, a dict or an iterator
+            return (isinstance(value, Iterable) and not isinstance(value, str | bytes | Mapping | Iterator)
+                    and all(_is_column(c) for c in value))
+        if self.kind == "seed":
+            return isinstance(value, np.random.RandomState) or (_is_int(value) and 0 <= value < 2**32)
+        if self.kind == "dict":
+            return isinstance(value, Mapping)
+        if not (_is_int(value) if self.kind == "int" else _is_real(value)):
+            return False
+        number = float(value)  # type: ignore[arg-type]
+        low_ok = self.low is None or (number > self.low if self.bounds[0] == "(" else number >= self.low)
+        high_ok = self.high is None or (number < self.high if self.bounds[1] == ")" else number <= self.high)
+        return low_ok and high_ok
+
+    def describe(self) -> str:
+        """What is allowed, in words: ``an int >= 1``, ``a float in [0, 1)``, ``one of [...]``."""
+        if self.kind == "str":
+            text = f"one of {sorted(self.choices)}"
+        elif self.kind == "bool":
+            text = "a bool"
+        elif self.kind == "columns":
+            text = "a list of column names or indices"
+        elif self.kind == "seed":
+            text = "an int in [0, 2**32 - 1] (or a numpy RandomState)"
+        elif self.kind == "dict":
+            text = "a dict"
+        else:
+            bounded = self.low is not None and self.high is not None
+            text = "an int" if self.kind == "int" else "a float" if bounded else "a finite float"
+            if bounded:
+                text += f" in {self.bounds[0]}{self.low:g}, {self.high:g}{self.bounds[1]}"
+            elif self.low is not None:
+                text += f" {'>' if self.bounds[0] == '(' else '>='} {self.low:g}"
+            elif self.high is not None:
+                text += f" {'<' if self.bounds[1] == ')' else '<='} {self.high:g}"
+        return f"None or {text}" if self.none else text
+
+
+PARAMETERS: dict[str, Constraint] = {
+    "adapter": Constraint("str", choices=tuple(ADAPTERS)),
+    "k": Constraint("int", low=1),
+    "n_blocks": Constraint("int", low=1),
+    "d_block": Constraint("int", low=1),
+    "rank": Constraint("int", low=1),
+    "sigma_init": Constraint("float", low=0, none=True),
+    "dropout": Constraint("float", low=0, high=1, bounds="[)"),
+    "numeric_embedding": Constraint("str", choices=("ple", "none")),
+    "n_bins": Constraint("int", low=2),
+    "d_embedding": Constraint("int", low=1),
+    "categorical": Constraint("columns", none=True),
+    "missing": Constraint("str", choices=("impute", "error")),
+    "lr": Constraint("float", low=0, bounds="()"),
+    "weight_decay": Constraint("float", low=0),
+    "batch_size": Constraint("int", low=1),
+    "max_epochs": Constraint("int", low=1),
+    "patience": Constraint("int", low=0),
+    "val_size": Constraint("float", low=0, high=1, bounds="()"),
+    "random_state": Constraint("seed", none=True),
+    "verbose": Constraint("bool"),
+    "trainer_kwargs": Constraint("dict", none=True),
+}
+"""What each constructor parameter of the estimators accepts, checked by ``fit`` before anything else."""
+
+
+def check_parameters(estimator: BaseEstimator) -> None:
+    """Check every parameter of ``estimator`` against ``PARAMETERS``; the first bad one is an error.
+
+    Raises:
+        InvalidParameterError: one line: ``<class>: <name> must be <allowed>, got <value> (<type>).``
+
+    Example:
+        >>> check_parameters(EnsembleClassifier(max_epochs=np.int64(3)))  # NumPy ints are ints
+        >>> try:
+        ...     check_parameters(EnsembleClassifier(max_epochs="3"))
+        ... except ValueError as error:
+        ...     print(error)
+        EnsembleClassifier: max_epochs must be an int >= 1, got '3' (str).
+    """
+    for name, value in estimator.get_params(deep=False).items():
+        constraint = PARAMETERS[name]
+        if not constraint.accepts(value):
+            shown = " ".join(repr(value).split())
+            shown = shown if len(shown) <= 80 else shown[:77] + "..."
+            raise InvalidParameterError(f"{type(estimator).__name__}: {name} must be {constraint.describe()},"
+                                        f" got {shown} ({type(value).__name__}).")
+
+
+def _plain(value: Any) -> Any:  # noqa: ANN401
+    """A NumPy scalar as its Python number (for Lightning's ``isinstance(..., int)`` and checkpoints)."""
+    return value.item() if isinstance(value, np.generic) else value
+
 
 def _is_categorical(column: pd.Series) -> bool:
     """Strings, objects, ``category`` and booleans are categorical; numbers are numeric."""
     types = pd.api.types
     return types.is_bool_dtype(column) or not types.is_numeric_dtype(column)
-
 
 
 @contextmanager
@@ -177,9 +329,12 @@ class _TabularEnsembleEstimator(BaseEstimator):
 
         Returns:
             self.
+
+        Raises:
+            InvalidParameterError: a constructor parameter of the wrong type or out of range
+                (``PARAMETERS``), before the data is read.
         """
-        if self.adapter not in ADAPTERS:
-            raise ValueError(f"adapter must be one of {sorted(ADAPTERS)}, got {self.adapter!r}.")
+        check_parameters(self)
         if (X_val is None) != (y_val is None):
             raise ValueError("Give both X_val and y_val, or neither.")
         frame = self._frame(X, reset=True)
@@ -228,10 +383,9 @@ class _TabularEnsembleEstimator(BaseEstimator):
         pre = self.preprocessor_
         bins = None
         if self.numeric_embedding == "ple" and x_num.shape[1] and len(x_num) > 2:
-            edges = compute_bins(x_num, min(self.n_bins, len(x_num) - 1), feature_names=pre.num_feature_names)
+            edges = compute_bins(x_num, min(int(self.n_bins), len(x_num) - 1),
+                                 feature_names=pre.num_feature_names)
             bins = [e.tolist() for e in edges]
-        elif self.numeric_embedding not in ("ple", "none"):
-            raise ValueError(f"numeric_embedding must be 'ple' or 'none', got {self.numeric_embedding!r}.")
         common = {"n_num_features": x_num.shape[1], "cat_cardinalities": pre.cat_cardinalities, "bins": bins,
                   "num_feature_names": pre.num_feature_names, "cat_feature_names": pre.cat_feature_names,
                   "preprocessing": pre.state_dict()}
@@ -244,20 +398,18 @@ class _TabularEnsembleEstimator(BaseEstimator):
                            class_names=[str(c) for c in self.classes_], **common)
 
     def _module_kwargs(self) -> dict[str, Any]:
-        kwargs: dict[str, Any] = {
-            "k": self.k, "n_blocks": self.n_blocks, "d_block": self.d_block, "rank": self.rank,
-            "dropout": self.dropout, "d_embedding": self.d_embedding, "lr": self.lr,
-            "weight_decay": self.weight_decay, **ADAPTERS[self.adapter],
-        }
+        names = ("k", "n_blocks", "d_block", "rank", "dropout", "d_embedding", "lr", "weight_decay")
+        kwargs: dict[str, Any] = {name: _plain(getattr(self, name)) for name in names}
+        kwargs.update(ADAPTERS[self.adapter])
         if self.sigma_init is not None:
-            kwargs["sigma_init"] = self.sigma_init
+            kwargs["sigma_init"] = _plain(self.sigma_init)
         return kwargs
 
     def _loader(self, x: tuple[np.ndarray, np.ndarray], y: np.ndarray, *, shuffle: bool,
                 generator: torch.Generator | None = None) -> DataLoader:
         target = torch.as_tensor(y, dtype=torch.float32 if self._task_family == "regression" else torch.long)
         data = list(zip(torch.as_tensor(x[0]), torch.as_tensor(x[1]), target, strict=True))
-        return DataLoader(data, batch_size=min(self.batch_size, len(data)), shuffle=shuffle,
+        return DataLoader(data, batch_size=min(int(self.batch_size), len(data)), shuffle=shuffle,
                           collate_fn=_collate, generator=generator)
 
     def _train(self, spec: TabularSpec, train: tuple[np.ndarray, np.ndarray], y_train: np.ndarray,
@@ -268,12 +420,13 @@ class _TabularEnsembleEstimator(BaseEstimator):
             model = TabularEnsembleModule(spec, **self._module_kwargs())
             checkpoint = ModelCheckpoint(dirpath=folder, monitor="val/loss", mode="min",
                                          save_weights_only=True)
-            kwargs = {"max_epochs": self.max_epochs, "logger": False, "enable_progress_bar": self.verbose,
-                      "enable_model_summary": self.verbose, "num_sanity_val_steps": 0,
+            verbose = bool(self.verbose)
+            kwargs = {"max_epochs": int(self.max_epochs), "logger": False, "enable_progress_bar": verbose,
+                      "enable_model_summary": verbose, "num_sanity_val_steps": 0,
                       "accelerator": "cpu", "deterministic": True, "default_root_dir": folder,
                       **(self.trainer_kwargs or {})}
-            callbacks = [EarlyStopping(monitor="val/loss", mode="min", patience=self.patience), checkpoint,
-                         *kwargs.pop("callbacks", [])]
+            stopping = EarlyStopping(monitor="val/loss", mode="min", patience=int(self.patience))
+            callbacks = [stopping, checkpoint, *kwargs.pop("callbacks", [])]
             trainer = L.Trainer(callbacks=callbacks, **kwargs)
             generator = torch.Generator().manual_seed(seed)
             trainer.fit(model, self._loader(train, y_train, shuffle=True, generator=generator),

@@ -16,6 +16,7 @@ over the chosen list) and each member-axis tensor indexed along its member axis.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
@@ -23,6 +24,8 @@ from typing import Any, Literal
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from ripieno.framework.errors import RipienoInputError
 
 SelectionMethod = Literal["greedy", "topk"]
 SelectionMetric = Literal["loss", "error"]
@@ -79,11 +82,49 @@ def ensemble_score(member_predictions: Tensor, target: Tensor, metric: Selection
     return F.nll_loss(mean.clamp_min(torch.finfo(mean.dtype).tiny).log(), target)
 
 
+def check_member_count(k: object, method: str, n_members: int | None = None) -> int:
+    """``k`` as an ``int`` if ``method`` can keep ``k`` of ``n_members`` members, else a one-line error.
+
+    ``greedy`` selects with replacement, so any ``k >= 1`` is valid; ``topk`` keeps distinct
+    members, so ``1 <= k <= n_members`` (unchecked while ``n_members`` is ``None``). NumPy
+    integers count as ints, ``bool`` does not.
+
+    Raises:
+        RipienoInputError: (a ``ValueError``) the bad ``k``, the valid range and the fix.
+
+    Example:
+        >>> check_member_count(12, "greedy", 8)  # members may repeat
+        12
+        >>> try:
+        ...     check_member_count(9, "topk", 8)
+        ... except ValueError as error:
+        ...     print(str(error).split(";")[0])
+        topk keeps distinct members: k=9 > the 8 trained members
+    """
+    if isinstance(k, bool) or not isinstance(k, numbers.Integral):
+        raise RipienoInputError(f"k must be an int >= 1 (the members to keep), got {k!r}"
+                                f" ({type(k).__name__}).")
+    k = int(k)
+    topk = "at most the trained members" if n_members is None else f"1 to {n_members}, the trained members"
+    if k < 1:
+        raise RipienoInputError(f"k={k}: at least 1 member must be kept; give k >= 1 (greedy: any k >= 1,"
+                                f" members may repeat; topk: {topk}).")
+    if method == "topk" and n_members is not None and k > n_members:
+        raise RipienoInputError(f"topk keeps distinct members: k={k} > the {n_members} trained members;"
+                                f" give k from 1 to {n_members}, or method='greedy' (it selects with"
+                                " replacement: any k >= 1).")
+    return k
+
+
 def choose_members(member_predictions: Tensor, target: Tensor, k: int, method: SelectionMethod = "greedy",
                    metric: SelectionMetric = "loss") -> MemberSelection:
     """Pick ``k`` members of ``member_predictions`` (``(N, K, ...)``) by ``method``.
 
     Ties go to the lower member index, so the choice is deterministic.
+
+    Raises:
+        RipienoInputError: a ``k`` that ``method`` cannot give (``check_member_count``).
+        ValueError: an unknown ``method`` or ``metric``, or no (or mismatched) validation rows.
 
     Example:
         >>> probs = torch.tensor([[[0.6, 0.4], [0.1, 0.9], [0.9, 0.1]],
@@ -98,10 +139,7 @@ def choose_members(member_predictions: Tensor, target: Tensor, k: int, method: S
     if metric not in METRICS:
         raise ValueError(f"metric must be one of {METRICS}, got {metric!r}.")
     n_members = member_predictions.shape[1]
-    if not 1 <= k:
-        raise ValueError(f"k must be at least 1, got {k}.")
-    if method == "topk" and k > n_members:
-        raise ValueError(f"topk picks distinct members: k={k} > the {n_members} trained members.")
+    k = check_member_count(k, method, n_members)
     if target.shape[0] != member_predictions.shape[0] or target.shape[0] == 0:
         raise ValueError(f"{member_predictions.shape[0]} prediction rows for {target.shape[0]} targets;"
                          " selection needs the same, non-zero number of validation rows.")
