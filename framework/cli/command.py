@@ -38,6 +38,7 @@ import copy
 import importlib.util
 import math
 import os
+import re
 import shutil
 import sys
 import warnings
@@ -81,7 +82,8 @@ from ripieno.framework.cli.run_folders import (
 from ripieno.framework.cli.run_logs import keep_csv_logs, merge_event_files
 from ripieno.framework.cli.section_instantiator import SectionInstantiator
 from ripieno.framework.cli.spawn_results import keep_spawned_results
-from ripieno.framework.errors import NonFiniteTrainingError
+from ripieno.framework.cli.yaml_files import YamlFileError, use_bounded_yaml
+from ripieno.framework.errors import NonFiniteTrainingError, exception_chain
 from ripieno.framework.messages import get_logger
 from ripieno.framework.outputs.output_files import check_writable
 
@@ -120,12 +122,14 @@ class RipienoCLI(LightningCLI):
       checkpointed weight stops training with where and why.
     * A ``val/...`` metric monitored by a ``ModelCheckpoint`` or ``EarlyStopping`` that the
       model does not log for this data stops the run before training, naming the closest one.
+    * Recipes, nested config files and YAML values are read with limits on their size and on
+      alias expansion (``yaml_files``): a YAML alias bomb stops in one line, at once.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:  # noqa: ANN401
         """LightningCLI's arguments; the config is saved by ``RunConfigSaver`` unless told otherwise."""
         kwargs.setdefault("save_config_callback", RunConfigSaver)
-        kwargs["parser_kwargs"] = _raising_parsers(kwargs.get("parser_kwargs"))
+        kwargs["parser_kwargs"] = _bounded_yaml_parsers(_raising_parsers(kwargs.get("parser_kwargs")))
         self._request: CheckpointRequest | None = None
         self._lending = ExitStack()  # the checkpoint read once is lent to the run until it ends
         self._claimed: dict[Path, int] = {}
@@ -181,6 +185,9 @@ class RipienoCLI(LightningCLI):
         try:
             super().parse_arguments(parser, args)
         except ArgumentError as error:
+            refused = _refused_yaml(error)
+            if refused is not None:
+                raise ConfigError(refused) from None
             given = sys.argv[1:] if args is None else args
             words = [a for a in given if isinstance(a, str)] if isinstance(given, list) else []
             subcommands = getattr(self, "_subcommand_parsers", {})  # none in a CLI built with run=False
@@ -430,6 +437,33 @@ def _raising_parsers(parser_kwargs: dict[str, Any] | None) -> dict[str, Any]:
     for subcommand in LightningCLI.subcommands():
         kwargs[subcommand] = {"exit_on_error": False, **(kwargs.get(subcommand) or {})}
     return kwargs
+
+
+def _bounded_yaml_parsers(parser_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``parser_kwargs`` with ``yaml_files``' bounded YAML mode, unless they name a ``parser_mode``.
+
+    Recipes, nested config files and values then load as in jsonargparse's ``yaml`` mode, but a
+    file over ``MAX_FILE_BYTES`` or an alias bomb stops in one line before anything is built.
+    The mode is registered here, when a command is built, not when ripieno is imported.
+    """
+    kwargs = dict(parser_kwargs)
+    kwargs.setdefault("parser_mode", use_bounded_yaml())
+    for subcommand in LightningCLI.subcommands():
+        kwargs[subcommand] = {"parser_mode": kwargs["parser_mode"], **(kwargs.get(subcommand) or {})}
+    return kwargs
+
+
+def _refused_yaml(error: ArgumentError) -> str | None:
+    """The line for a config file or value ``yaml_files`` refused (too large, an alias bomb), after its key.
+
+    jsonargparse reports it under the key it was given for, among its own details; the
+    refusal says all there is to say.
+    """
+    refused = next((e for e in exception_chain(error) if isinstance(e, YamlFileError)), None)
+    if refused is None:
+        return None
+    key = re.search(r'Parser key "([^"]+)"', str(error))
+    return f"{key.group(1)}: {refused}" if key else str(refused)
 
 
 def _option_names(parser: LightningArgumentParser) -> list[str]:

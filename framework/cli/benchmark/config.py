@@ -30,12 +30,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from ripieno.framework.cli.benchmark.models import KINDS, ModelSpec, check_params
 from ripieno.framework.cli.recipes import BENCHMARKS_FOLDER, RECIPES_DIR
 from ripieno.framework.cli.recipes import list_benchmarks as _shipped
 from ripieno.framework.cli.tune.space import SearchSpace
+from ripieno.framework.cli.yaml_files import InvalidYamlError, YamlFileError, load_yaml
 from ripieno.framework.errors import RipienoInputError
 
 BENCHMARKS_DIR = RECIPES_DIR / BENCHMARKS_FOLDER
@@ -197,11 +196,12 @@ def load_benchmark(name: str | Path, known: tuple[str, ...] = ()) -> BenchmarkCo
 def _read(path: Path, where: str, seen: tuple[Path, ...]) -> dict[str, Any]:
     """The file's mapping, over its ``base`` file's mapping (top-level keys replaced)."""
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as error:
-        line = getattr(getattr(error, "problem_mark", None), "line", None)
-        at = f" (line {line + 1})" if line is not None else ""
-        raise BenchmarkConfigError(f"{where}: not valid YAML{at}: {str(error).splitlines()[0]}.") from None
+        raw = load_yaml(path, where)  # bounded: a YAML alias bomb is refused, not expanded
+    except InvalidYamlError as error:
+        at = f" (line {error.line})" if error.line is not None else ""
+        raise BenchmarkConfigError(f"{where}: not valid YAML{at}: {error.problem}.") from None
+    except YamlFileError as error:
+        raise BenchmarkConfigError(str(error)) from None
     if not isinstance(raw, dict):
         raise BenchmarkConfigError(f"{where}: must be a YAML mapping with keys {list(KEYS)}.")
     unknown = [k for k in raw if k not in KEYS]

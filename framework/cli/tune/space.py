@@ -37,9 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from ripieno.framework.cli.recipes import RECIPES_DIR, SUFFIXES
+from ripieno.framework.cli.yaml_files import InvalidYamlError, YamlFileError, load_yaml, read_yaml_text
 from ripieno.framework.errors import RipienoInputError
 
 SPACES_DIR = RECIPES_DIR / "spaces"
@@ -162,14 +161,15 @@ class SearchSpace:
         """Read a space from a YAML file (its first comment line is its description)."""
         path = Path(path)
         try:
-            text = path.read_text(encoding="utf-8")
-            data = yaml.safe_load(text)
+            text = read_yaml_text(path)
+            data = load_yaml(text, str(path))  # bounded: a YAML alias bomb is refused, not expanded
         except OSError as error:
             raise SearchSpaceError(f"{path}: cannot be read ({error.strerror}); check the path.") from None
-        except yaml.YAMLError as error:
-            mark = getattr(error, "problem_mark", None)
-            at = f" at line {mark.line + 1}" if mark is not None else ""
+        except InvalidYamlError as error:
+            at = f" at line {error.line}" if error.line is not None else ""
             raise SearchSpaceError(f"{path}: not valid YAML{at}; fix the file.") from None
+        except YamlFileError as error:
+            raise SearchSpaceError(str(error)) from None
         return cls.from_dict(data, source=str(path), name=name, description=_description(text))
 
     def suggest(self, trial: Any) -> dict[str, Any]:  # noqa: ANN401 - optuna.Trial or FixedTrial
