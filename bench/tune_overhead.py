@@ -91,7 +91,7 @@ def main() -> None:
         )
         started = time.perf_counter()
         with contextlib.redirect_stdout(io.StringIO()), quiet_optuna():
-            run_worker(setup, 0, storage=storage, cache=cache)
+            run_worker(setup, storage=storage, cache=cache)
         worker.append(time.perf_counter() - started)
         last = optuna.load_study(study_name="bench", storage=storage).trials[-1]
         trial.append(last.duration.total_seconds())

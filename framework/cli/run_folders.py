@@ -157,6 +157,10 @@ class RunConfigSaver(SaveConfigCallback):
 
     written_early = False
 
+    def config_text(self) -> str:
+        """The run's complete config as its ``config.yaml`` holds it."""
+        return self.parser.dump(self.config, skip_none=False)
+
     def write_before_run(self, trainer: L.Trainer) -> None:
         """Create the run's config file now (the first process only); raise if the run folder is taken.
 
@@ -169,7 +173,7 @@ class RunConfigSaver(SaveConfigCallback):
             return
         path = Path(log_dir) / self.config_filename
         if trainer.is_global_zero:
-            text = self.parser.dump(self.config, skip_none=False)
+            text = self.config_text()
             if _create(path, text, numbered=not trainer.loggers) is None:
                 raise RunFolderTakenError(file_problem(
                     path, "already exists: another run wrote its config into this run folder",

@@ -10,13 +10,20 @@ any Optuna storage URL or a journal file, so commands on several machines join o
 ``--workers N`` runs N processes here. Running the same command again continues the study.
 Before any trial, the space is checked against the recipe: a key it does not accept, an empty
 range or an unknown distribution stops the command with one line naming it.
+
+A study folder holds one study and nothing of the user's (``store_folders``); a study records what
+decides its results, the resolved recipe with every override, the space and the data files'
+content (``fingerprints``), and a command that would continue it with anything else is refused.
+With ``--seed``, trial ``n`` draws with a seed derived from the seed and ``n``, so a continued or
+shared study never repeats earlier trials. Ctrl-C stops the running trial (it runs again when the
+study continues), writes ``trials.csv`` and ``best.yaml`` from the store and says how to go on.
 """
 
 from __future__ import annotations
 
 import argparse
 import multiprocessing
-import re
+import shlex
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,12 +32,15 @@ from typing import Any
 
 from ripieno.framework.cli.command import resolve_config_args
 from ripieno.framework.cli.config_errors import ConfigError
+from ripieno.framework.cli.fingerprints import data_files, without_keys
+from ripieno.framework.cli.interrupts import fits_interrupted, join_workers, stop_with_parent
 from ripieno.framework.cli.recipes import RECIPES_DIR, RecipeNotFoundError, recipe_name
+from ripieno.framework.cli.store_folders import check_folder, claim_folder, folder_name
 from ripieno.framework.cli.tune import results
 from ripieno.framework.cli.tune.space import SearchSpace, SearchSpaceError, default_space, find_space
-from ripieno.framework.cli.tune.study_storage import counts, open_storage, storage_url
+from ripieno.framework.cli.tune.study_storage import check_storage, counts, open_storage, storage_url
 from ripieno.framework.cli.tune.trial_run import override_args, recipe_config
-from ripieno.framework.cli.tune.worker import TuneSetup, load_study, run_worker
+from ripieno.framework.cli.tune.worker import PRESENTATION_KEYS, TuneSetup, load_study, run_worker
 from ripieno.framework.errors import RipienoInputError
 from ripieno.framework.messages import command_output, get_logger
 
@@ -41,6 +51,8 @@ CHECKPOINT_CLASSES = (
     "lightning.pytorch.callbacks.model_checkpoint.ModelCheckpoint",
 )
 STUDY_ROOT = Path("runs") / "tune"
+STORE_FILE = "study.db"
+"""The default store's file in the study folder."""
 TUNE_WARNINGS = (
     ".*isinstance.treespec, LeafSpec.*",
     "Some regimes for parameter .* have less than",
@@ -78,7 +90,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="a shipped search space or a YAML file (default: the recipe family's shipped space)",
     )
-    parser.add_argument("--seed", type=int, default=None, help="sampler seed (worker i uses seed + i)")
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=None,
+        help="sampler seed: trial n draws with a seed derived from it and n, so a continued or shared"
+        " study never repeats a trial (default: random)",
+    )
     parser.add_argument("--workers", type=int, default=1, help="processes on this machine sharing the study")
     parser.add_argument("--study_dir", type=Path, default=None, help="default: runs/tune/<study_name>")
     parser.add_argument(
@@ -120,11 +138,15 @@ def tune_main(argv: list[str]) -> None:
 
 @contextmanager
 def quiet_optuna() -> Iterator[None]:
-    """Optuna's log lines and the ``TUNE_WARNINGS`` notices off in the block (the study prints its own)."""
+    """Optuna's log lines and the ``TUNE_WARNINGS`` notices off in the block (the study prints its own).
+
+    Optuna's warnings go too: a failed trial's, with its traceback, says less than the study's own
+    line for it (the error in one line, or that Ctrl-C stopped it).
+    """
     import optuna
 
     verbosity = optuna.logging.get_verbosity()
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
     try:
         with warnings.catch_warnings():
             for pattern in TUNE_WARNINGS:
@@ -146,35 +168,44 @@ def _tune(argv: list[str]) -> None:
         f" ({len(setup.space.params)} keys); storage {setup.storage}"
     )
     try:
-        load_study(setup)  # created here, or checked: the same space, metric and direction
-        run_workers(setup, options.workers)
+        claim_folder(setup.study_dir, "tune", setup.study_name, "--study_dir", STORE_FILE, options.storage)
+        load_study(setup, announce=True)  # created here, or checked: what made it is what runs now
+        with fits_interrupted():
+            run_workers(setup, options.workers)
     except RipienoInputError as error:
         raise SystemExit(f"ripieno: error: {str(error).splitlines()[0]}") from None
+    except KeyboardInterrupt:
+        report(setup, options, again=shlex.join(["ripieno", "tune", *argv]))
     report(setup, options)
 
 
 def prepare(options: argparse.Namespace, passed: list[str]) -> TuneSetup:
-    """Resolve the recipe and space, check the space against the recipe, and describe the study.
+    """Check the options, the study folder and storage, the recipe and space; describe the study.
+
+    Nothing is written: a refusal leaves no folder behind.
 
     Raises:
-        RipienoInputError: a bad option, recipe, space or storage (one line).
+        RipienoInputError: a bad option, recipe, space, folder or storage (one line).
     """
-    if options.n_trials < 1 or options.workers < 1 or options.heartbeat < 1:
-        raise RipienoInputError("--n_trials, --workers and --heartbeat must be at least 1.")
+    check_options(options)
     configs = resolve_config_args([arg for c in options.config for arg in ("-c", c)])
     fit_args = [*configs, *passed]
     first = Path(configs[1])
     shipped = recipe_name(first) if first.resolve().is_relative_to(RECIPES_DIR) else None
+    name = options.study_name or folder_name(shipped or first.with_suffix("").name)
+    study_dir = options.study_dir or STUDY_ROOT / folder_name(name)
+    storage = storage_url(options.storage, study_dir)
+    check_folder(study_dir, "tune", name, "--study_dir", STORE_FILE, options.storage)
+    check_storage(storage)
     space = find_space(options.space) if options.space else default_space(shipped)
     base = check_space(fit_args, space)
     monitor, mode = _objective(base, configs)
-    name = options.study_name or re.sub(r"[^A-Za-z0-9_.-]+", "_", shipped or first.with_suffix("").name)
-    study_dir = options.study_dir or STUDY_ROOT / name
+    recipe = without_keys(base, space.params)
     return TuneSetup(
         fit_args=fit_args,
         space=space,
         study_name=name,
-        storage=storage_url(options.storage, study_dir),
+        storage=storage,
         study_dir=study_dir,
         n_trials=options.n_trials,
         monitor=monitor,
@@ -185,7 +216,30 @@ def prepare(options: argparse.Namespace, passed: list[str]) -> TuneSetup:
         pruner_warmup=options.pruner_warmup,
         timeout=options.timeout,
         heartbeat=options.heartbeat,
+        recipe=recipe,
+        data=data_files(without_keys(recipe, PRESENTATION_KEYS)),
     )
+
+
+def check_options(options: argparse.Namespace) -> None:
+    """Every numeric option in its range, in one line naming the first that is not.
+
+    Raises:
+        RipienoInputError: the option, its value and the range it must be in.
+    """
+    at_least = {
+        "--n_trials": (options.n_trials, 1),
+        "--workers": (options.workers, 1),
+        "--heartbeat": (options.heartbeat, 1),
+        "--pruner_warmup": (options.pruner_warmup, 0),
+        "--startup_trials": (options.startup_trials, 0),
+        "--final_seeds": (options.final_seeds, 0),
+    }
+    for option, (value, low) in at_least.items():
+        if value < low:
+            raise RipienoInputError(f"{option} must be at least {low}, got {value}.")
+    if options.timeout is not None and not options.timeout > 0:
+        raise RipienoInputError(f"--timeout must be a positive number of seconds, got {options.timeout:g}.")
 
 
 def check_space(fit_args: list[str], space: SearchSpace) -> dict[str, Any]:
@@ -223,9 +277,13 @@ def _objective(config: dict[str, Any], configs: list[str]) -> tuple[str, str]:
 
 
 def run_workers(setup: TuneSetup, workers: int) -> None:
-    """Run ``workers`` workers on this machine: in this process for one, else in spawned processes."""
+    """Run ``workers`` workers on this machine: in this process for one, else in spawned processes.
+
+    On Ctrl-C the spawned workers are interrupted too and waited for (``join_workers``), so that
+    each marks its running trial to run again before the report is written.
+    """
     if workers == 1:
-        run_worker(setup, 0)
+        run_worker(setup)
         return
     context = multiprocessing.get_context("spawn")
     processes = [
@@ -234,21 +292,29 @@ def run_workers(setup: TuneSetup, workers: int) -> None:
     ]
     for process in processes:
         process.start()
-    for process in processes:
-        process.join()
+    join_workers(processes)
 
 
 def _worker_process(setup: TuneSetup, index: int) -> None:
-    """A spawned worker: its messages on stdout, like the command's."""
+    """A spawned worker: its messages on stdout, like the command's; it stops when its parent dies."""
+    stop_with_parent()
     with command_output(), quiet_optuna():
         try:
-            run_worker(setup, index)
+            with fits_interrupted():
+                run_worker(setup)
+        except KeyboardInterrupt:
+            raise SystemExit(1) from None  # the parent says what was kept
         except RipienoInputError as error:
             raise SystemExit(f"ripieno: error: worker {index}: {str(error).splitlines()[0]}") from None
 
 
-def report(setup: TuneSetup, options: argparse.Namespace) -> None:
-    """Write ``trials.csv``, ``best.yaml`` and the figures; train the final seeds; print where they are."""
+def report(setup: TuneSetup, options: argparse.Namespace, again: str | None = None) -> None:
+    """Write ``trials.csv``, ``best.yaml`` and the figures; train the final seeds; print where they are.
+
+    After Ctrl-C (``again``: the command that continues the study): the files from the store, no
+    final seeds, and how to continue; the command then stops (exit status 1).
+    """
+    interrupted = again is not None
     study = load_study(setup, storage=open_storage(setup.storage, setup.heartbeat))
     folder = setup.study_dir
     folder.mkdir(parents=True, exist_ok=True)
@@ -263,12 +329,17 @@ def report(setup: TuneSetup, options: argparse.Namespace) -> None:
         + ")",
     ]
     best = results.best_trial(study)
+    stop = (
+        f"ripieno: interrupted (Ctrl-C): the {len(finished)} finished trials are kept in"
+        f" {setup.storage}; the interrupted trial runs again when the study goes on.\n"
+        f"ripieno: continue with: {again}"
+    )
     if best is None:
         lines.append("ripieno: no trial completed; nothing to write as best.yaml (trials.csv says why).")
         lines.append(f"ripieno: trials     {folder / 'trials.csv'}")
-        log.info("\n".join(lines))
+        log.info("\n".join([*lines, stop] if interrupted else lines))
         raise SystemExit(1)
-    results.write_best_yaml(setup, best, folder / "best.yaml")
+    results.write_best_yaml(study, setup, best, folder / "best.yaml")
     figures, skipped = results.write_figures(study, folder)
     shown = " ".join(
         f"{k.rsplit('.', 1)[-1]}={v:.4g}" if isinstance(v, float) else f"{k.rsplit('.', 1)[-1]}={v}"
@@ -284,8 +355,11 @@ def report(setup: TuneSetup, options: argparse.Namespace) -> None:
     if options.keep_checkpoints == "best":
         removed = results.drop_checkpoints(study, folder, best)
         lines.append(f"ripieno: removed {removed} checkpoints of the other trials (--keep_checkpoints best)")
+    if interrupted:
+        log.info("\n".join([*lines, stop]))
+        raise SystemExit(1)
     if options.final_seeds > 0:
-        final = results.final_seeds(setup, best, options.final_seeds)
+        final = results.final_seeds(setup, folder / "best.yaml", options.final_seeds)
         results.write_csv(final, folder / "final.csv")
         lines.append(
             f"ripieno: the best configuration over {options.final_seeds} seeds (test metrics,"

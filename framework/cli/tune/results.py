@@ -3,9 +3,10 @@
 * ``trials.csv``: every trial that ran (surplus trials, which never ran, are left out): number,
   state, value, each key's value, epochs, seconds, run folder, the retried trial and why a trial
   was pruned or failed.
-* ``best.yaml``: the recipe with the best trial's values written in, complete (as ``ripieno fit
-  --print_config`` prints it), so ``ripieno fit -c best.yaml`` trains the best trial again with
-  the same seed and reaches the same validation metric.
+* ``best.yaml``: the complete config the best trial ran (recorded with the trial in the store, so
+  it is the trial's own whichever command or machine ran it), with the study's own output folder
+  and progress settings in place of the trial's, so ``ripieno fit -c best.yaml`` trains the best
+  trial again with the same seed and reaches the same validation metric.
 * ``history.png``, ``importances.png``, ``contour.png``: ``optuna.visualization.matplotlib``'s
   optimisation history, parameter importances and a contour of the two most important keys.
 * ``final.csv`` (``--final_seeds S``): the best configuration trained and tested with S seeds.
@@ -35,7 +36,17 @@ from ripieno.framework.cli.tune.trial_run import (
     override_args,
     recipe_config,
 )
-from ripieno.framework.cli.tune.worker import EPOCHS_ATTR, FOLDER_ATTR, PRUNED_ATTR, VALUES_ATTR, TuneSetup
+from ripieno.framework.cli.tune.worker import (
+    CONFIG_ATTR,
+    EPOCHS_ATTR,
+    FOLDER_ATTR,
+    INTERRUPTED_ATTR,
+    PRESENTATION_KEYS,
+    PRUNED_ATTR,
+    SPACE_ATTR,
+    VALUES_ATTR,
+    TuneSetup,
+)
 from ripieno.framework.messages import get_logger, quiet_lightning
 from ripieno.framework.outputs.output_files import atomic_output
 
@@ -68,6 +79,8 @@ def trial_rows(study: optuna.Study, setup: TuneSetup) -> pd.DataFrame:
                 "retry_of": trial.system_attrs.get(RETRY_OF_ATTR),
                 "note": trial.user_attrs.get(PRUNED_ATTR)
                 or trial.user_attrs.get(ERROR_ATTR)
+                or ("interrupted (Ctrl-C); another trial ran in its place"
+                    if trial.user_attrs.get(INTERRUPTED_ATTR) else None)
                 or ("worker died; retried" if trial.state == TrialState.FAIL else None),
             }
         )
@@ -90,14 +103,29 @@ def best_trial(study: optuna.Study) -> FrozenTrial | None:
         return None
 
 
-def best_config(setup: TuneSetup, trial: FrozenTrial) -> dict[str, Any]:
-    """The complete config of ``trial``: the recipe with its values, as ``--print_config`` prints it."""
-    return recipe_config([*setup.fit_args, *override_args(trial.user_attrs.get(VALUES_ATTR, {}))])
+def best_config(study: optuna.Study, setup: TuneSetup, trial: FrozenTrial) -> dict[str, Any]:
+    """The complete config ``trial`` ran, with the study's presentation settings (module docstring).
+
+    A trial of an older ripieno, which recorded no config, gets the recipe with its values.
+    """
+    text = trial.user_attrs.get(CONFIG_ATTR)
+    if not text:
+        return recipe_config([*setup.fit_args, *override_args(trial.user_attrs.get(VALUES_ATTR, {}))])
+    config = yaml.safe_load(text) or {}
+    recorded = (study.user_attrs.get(SPACE_ATTR) or {}).get("presentation")
+    presentation = recorded or setup.record()["presentation"]
+    for key in PRESENTATION_KEYS:
+        *parents, last = key.split(".")
+        node = config
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = presentation.get(key)
+    return config
 
 
-def write_best_yaml(setup: TuneSetup, trial: FrozenTrial, path: Path) -> Path:
+def write_best_yaml(study: optuna.Study, setup: TuneSetup, trial: FrozenTrial, path: Path) -> Path:
     """``best.yaml``: the best trial's complete config with a header saying what it is."""
-    config = best_config(setup, trial)
+    config = best_config(study, setup, trial)
     header = (
         f"# Best trial {trial.number} of study {setup.study_name}: {setup.monitor} = {trial.value:.8g}"
         f" ({'min' if setup.direction == 'minimize' else 'max'}imised).\n"
@@ -149,18 +177,17 @@ def write_figures(study: optuna.Study, folder: Path) -> tuple[list[Path], list[s
     return written, skipped
 
 
-def final_seeds(setup: TuneSetup, trial: FrozenTrial, seeds: int) -> pd.DataFrame:
-    """Train and test the best configuration with ``seeds`` seeds (the recipe's seed, then the next ones)."""
-    base_seed = int(best_config(setup, trial).get("seed_everything") or 0)
-    values = trial.user_attrs.get(VALUES_ATTR, {})
+def final_seeds(setup: TuneSetup, best_yaml: Path, seeds: int) -> pd.DataFrame:
+    """Train and test ``best_yaml`` with ``seeds`` seeds (its own seed, then the next ones)."""
+    base_seed = int((yaml.safe_load(best_yaml.read_text(encoding="utf-8")) or {}).get("seed_everything") or 0)
     rows = []
     for offset in range(seeds):
         seed = base_seed + offset
         folder = setup.study_dir / "final" / f"seed_{seed}"
         args = [
             "fit",
-            *setup.fit_args,
-            *override_args(values),
+            "-c",
+            str(best_yaml),
             f"--seed_everything={seed}",
             f"--trainer.default_root_dir={folder}",
             *QUIET_TRIAL,

@@ -29,6 +29,7 @@ from optuna.storages import JournalStorage, RDBStorage, RetryHeartbeatStaleTrial
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import FrozenTrial, TrialState
 
+from ripieno.framework.cli.store_folders import check_storage_file
 from ripieno.framework.errors import RipienoInputError
 
 ERROR_ATTR = "ripieno_error"
@@ -40,6 +41,9 @@ ALIVE_ATTR = "ripieno_alive"
 RETRY_OF_ATTR = "failed_trial"
 """System attribute ``RetryHeartbeatStaleTrialCallback`` gives a retry: the number of the trial it repeats."""
 MAX_RETRY = 2
+CREATE_ATTEMPTS = 5
+RACE_SIGNS = ("UNIQUE constraint failed: alembic_version", "already exists", "database is locked")
+"""What SQLAlchemy / Alembic say when two processes create one store's tables at once."""
 COUNTED_STATES = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING, TrialState.WAITING)
 
 
@@ -55,13 +59,46 @@ def storage_url(storage: str | None, study_dir: Path) -> str:
     return storage or f"sqlite:///{(study_dir / 'study.db').resolve()}"
 
 
-def open_storage(url: str, heartbeat: int) -> optuna.storages.BaseStorage:
-    """The Optuna storage for ``url``, with a heartbeat of ``heartbeat`` seconds where Optuna has one.
+def check_storage(url: str, option: str = "--storage") -> None:
+    """Refuse a storage file that exists and is no Optuna store, writing nothing (``store_folders``).
 
     Raises:
-        RipienoInputError: a URL Optuna cannot open (the database driver is missing, a bad path).
+        RipienoInputError: a folder, or a file that is neither an Optuna SQLite store nor a journal.
     """
+    check_storage_file(url, _journal_path(url), option)
+
+
+def open_storage(url: str, heartbeat: int, option: str = "--storage") -> optuna.storages.BaseStorage:
+    """The Optuna storage for ``url``, with a heartbeat of ``heartbeat`` seconds where Optuna has one.
+
+    A file that exists and is no Optuna store (a user's log or database) is refused before anything
+    is written to it (``store_folders.check_storage_file``). Commands that create one new SQLite
+    store at the same moment both open it: the one that loses the race to create Optuna's tables
+    opens the store the other made.
+
+    Raises:
+        RipienoInputError: a URL Optuna cannot open (the database driver is missing, a bad path),
+            or a file that is not a store.
+    """
+    check_storage(url, option)
     journal = _journal_path(url)
+    for attempt in range(CREATE_ATTEMPTS):
+        try:
+            return _open(url, journal, heartbeat)
+        except RipienoInputError as error:
+            if attempt + 1 == CREATE_ATTEMPTS or not _lost_creation_race(error):
+                raise
+            time.sleep(0.2 * (attempt + 1))
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _lost_creation_race(error: BaseException) -> bool:
+    """Whether opening failed because another process was creating the same store's tables."""
+    text = str(error)
+    return any(sign in text for sign in RACE_SIGNS)
+
+
+def _open(url: str, journal: Path | None, heartbeat: int) -> optuna.storages.BaseStorage:
     try:
         if journal is not None:
             journal.parent.mkdir(parents=True, exist_ok=True)

@@ -12,7 +12,16 @@ command ends with the whole study done. A trial:
 * is pruned by Optuna's Lightning callback (``optuna_integration.PyTorchLightningPruningCallback``,
   which works with Lightning 2.6) when its monitored metric lags the others at the same epoch;
 * is pruned, not failed, when its loss or metric goes non-finite (``NonFiniteGuard``'s error);
-* returns the best epoch's monitored value (the recipe's ``ModelCheckpoint`` ``monitor`` / ``mode``).
+* returns the best epoch's monitored value (the recipe's ``ModelCheckpoint`` ``monitor`` / ``mode``);
+* records the complete config it ran (its run folder's ``config.yaml``), from which ``best.yaml``
+  is written;
+* interrupted by Ctrl-C, is failed without an error of its own, so it does not count and the
+  study runs another in its place when it goes on.
+
+A study records what decides its results (``record``): the monitor and direction, the space, the
+resolved recipe with every override (``recipe``, without the space's keys and the presentation
+keys a trial sets itself) and the identity of the data files it names. A command that would
+continue it with anything else is refused, naming the first difference.
 """
 
 from __future__ import annotations
@@ -21,7 +30,7 @@ import logging
 import math
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +43,9 @@ from typing_extensions import override
 
 from ripieno.framework.cli.command import quiet_cli_notices
 from ripieno.framework.cli.error_lines import one_line_error
+from ripieno.framework.cli.fingerprints import first_difference, without_keys
+from ripieno.framework.cli.interrupts import fits_interrupted
+from ripieno.framework.cli.run_folders import RunConfigSaver
 from ripieno.framework.cli.tune.space import SearchSpace
 from ripieno.framework.cli.tune.study_storage import (
     ERROR_ATTR,
@@ -52,6 +64,7 @@ from ripieno.framework.cli.tune.trial_run import (
     finite,
     override_args,
 )
+from ripieno.framework.cli.tune.trial_seeds import TrialSeededSampler
 from ripieno.framework.errors import NonFiniteTrainingError, RipienoInputError, exception_chain, first_line
 from ripieno.framework.messages import get_logger, quiet_lightning
 
@@ -64,6 +77,25 @@ VALUES_ATTR = "values"
 FOLDER_ATTR = "folder"
 EPOCHS_ATTR = "epochs"
 PRUNED_ATTR = "pruned_reason"
+CONFIG_ATTR = "config"
+"""User attribute: the complete config a trial ran, as its run folder's ``config.yaml`` holds it."""
+INTERRUPTED_ATTR = "interrupted"
+"""User attribute of a trial stopped by Ctrl-C (failed, not counted: another trial runs in its place)."""
+PRESENTATION_KEYS = (
+    "trainer.default_root_dir",
+    "trainer.enable_progress_bar",
+    "trainer.enable_model_summary",
+    "test_after_fit",
+)
+"""Config keys every trial sets itself (``QUIET_TRIAL`` and its folder): they decide no result."""
+RECORD_LABELS = {
+    "monitor": "another monitored metric",
+    "direction": "another direction",
+    "space": "another search space",
+    "recipe": "another recipe or other overrides",
+    "data": "other data",
+}
+"""What a study records (``TuneSetup.record``), in the words a refusal uses."""
 
 
 @dataclass
@@ -79,13 +111,15 @@ class TuneSetup:
         n_trials: how many trials the study must finish.
         monitor: the metric each trial returns (the recipe's ``ModelCheckpoint`` monitor).
         direction: ``minimize`` or ``maximize`` (its ``mode``).
-        seed: the sampler's seed (``None``: random); worker ``i`` uses ``seed + i``.
+        seed: the sampler's seed (``None``: random); trial ``n`` draws with a seed derived from it and ``n``.
         startup_trials: random trials before TPE models the results (the TabM paper: 20).
         pruner: ``median``, ``hyperband`` or ``none``.
-        pruner_warmup: epochs a trial runs before the median pruner may stop it.
         timeout: seconds after which no new trial starts (``None``: no limit).
         heartbeat: seconds between a running trial's signs of life.
         poll: seconds between looks at a study whose last trials run elsewhere.
+        pruner_warmup: epochs a trial runs before the median pruner may stop it.
+        recipe: the resolved recipe with every override, without the space's keys.
+        data: the identity of each data file the recipe names (``fingerprints.data_files``).
     """
 
     fit_args: list[str]
@@ -103,12 +137,45 @@ class TuneSetup:
     heartbeat: int = 30
     poll: float = 2.0
     pruner_warmup: int = 2
+    recipe: dict[str, Any] = field(default_factory=dict)
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def record(self) -> dict[str, Any]:
+        """What the study records of what decides its results (module docstring)."""
+        return {
+            "monitor": self.monitor,
+            "direction": self.direction,
+            "space": self.space.describe(),
+            "recipe": without_keys(self.recipe, PRESENTATION_KEYS),
+            "data": self.data,
+            "presentation": {key: _dotted(self.recipe, key) for key in PRESENTATION_KEYS},
+        }
 
 
-def make_sampler(setup: TuneSetup, worker: int) -> optuna.samplers.BaseSampler:
-    """TPE with ``startup_trials`` random trials first, seeded per worker."""
-    seed = None if setup.seed is None else setup.seed + worker
-    return optuna.samplers.TPESampler(n_startup_trials=setup.startup_trials, seed=seed)
+def _dotted(config: dict[str, Any], key: str) -> Any:  # noqa: ANN401 - a config value
+    """The value at dotted ``key`` in a nested config (``None`` where absent)."""
+    node: Any = config
+    for part in key.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
+
+
+def make_sampler(setup: TuneSetup) -> optuna.samplers.BaseSampler:
+    """TPE with ``startup_trials`` random trials first; with ``seed``, each trial seeded by its number."""
+    return tpe_sampler(setup.startup_trials, setup.seed)
+
+
+def tpe_sampler(startup_trials: int, seed: int | None) -> optuna.samplers.BaseSampler:
+    """TPE with ``startup_trials`` random trials first; a seeded one draws each trial with its own seed.
+
+    Seeded once, a sampler would replay its draws when the study is continued or shared by workers
+    (``trial_seeds``); ``seed=None`` draws from fresh entropy.
+    """
+    if seed is None:
+        return optuna.samplers.TPESampler(n_startup_trials=startup_trials)
+    return TrialSeededSampler(
+        seed, lambda s: optuna.samplers.TPESampler(n_startup_trials=startup_trials, seed=s)
+    )
 
 
 def make_pruner(name: str, warmup: int = 2) -> optuna.pruners.BasePruner:
@@ -120,36 +187,53 @@ def make_pruner(name: str, warmup: int = 2) -> optuna.pruners.BasePruner:
     return optuna.pruners.NopPruner()
 
 
-def load_study(setup: TuneSetup, worker: int = 0, storage: Any = None) -> optuna.Study:  # noqa: ANN401
-    """The study, created on first use, with this worker's sampler and the pruner.
+def load_study(setup: TuneSetup, storage: Any = None, announce: bool = False) -> optuna.Study:  # noqa: ANN401
+    """The study, created on first use, with the sampler and the pruner.
 
-    A new study records its search space and objective; an existing one must have the same, since
-    Optuna cannot mix two distributions of one key (and a value of another metric means nothing).
+    A new study records what decides its results (``TuneSetup.record``); an existing one must have
+    the same. A study made before ripieno recorded some of it gets the missing parts now.
+
+    Args:
+        setup: the study's description.
+        storage: an open storage (``None``: open ``setup.storage``).
+        announce: print a line when a study of an older ripieno gets its record completed.
 
     Raises:
-        RipienoInputError: the study exists with another space, metric or direction.
+        RipienoInputError: the study exists with another space, metric, direction, recipe or data.
     """
     storage = storage if storage is not None else open_storage(setup.storage, setup.heartbeat)
     study = optuna.create_study(
         study_name=setup.study_name,
         storage=storage,
         direction=setup.direction,
-        sampler=make_sampler(setup, worker),
+        sampler=make_sampler(setup),
         pruner=make_pruner(setup.pruner, setup.pruner_warmup),
         load_if_exists=True,
     )
     recorded = study.user_attrs.get(SPACE_ATTR)
-    mine = {"monitor": setup.monitor, "direction": setup.direction, "space": setup.space.describe()}
+    mine = setup.record()
     if recorded is None:
         study.set_user_attr(SPACE_ATTR, mine)
-    elif recorded != mine:
-        changed = [k for k in ("monitor", "direction") if recorded.get(k) != mine[k]]
-        keys = sorted(set(recorded.get("space", {}).items()) ^ set(mine["space"].items()))
-        what = changed[0] if changed else f"search space (first difference: {keys[0][0]})"
-        raise RipienoInputError(
-            f"study {setup.study_name} in {setup.storage} was made with another {what};"
-            " run it with the same recipe and space, or pass a new --study_name."
-        )
+        return study
+    for key, label in RECORD_LABELS.items():
+        if key not in recorded:
+            continue
+        difference = first_difference(recorded[key], mine[key])
+        if difference is not None:
+            raise RipienoInputError(
+                f"study {setup.study_name} in {setup.storage} was made with {label} (first"
+                f" difference: {difference}); run the command that made it, or start a new study"
+                " with --study_name (or another --study_dir)."
+            )
+    missing = [key for key in mine if key not in recorded]
+    if missing:
+        study.set_user_attr(SPACE_ATTR, {**recorded, **{key: mine[key] for key in missing}})
+        unchecked = [RECORD_LABELS[key].split(" ", 1)[1] for key in missing if key in RECORD_LABELS]
+        if announce and unchecked:
+            log.info(
+                f"ripieno: study {setup.study_name} recorded no {' or '.join(unchecked)} (an older"
+                " ripieno made it); this command's are recorded now and checked from here on"
+            )
     return study
 
 
@@ -189,7 +273,12 @@ def run_trial(setup: TuneSetup, trial: Trial, cache: DataCache | None) -> float:
         raise _Surplus
     epochs = _EpochCount()
     try:
-        return _train(setup, trial, cache, epochs)
+        with fits_interrupted():
+            return _train(setup, trial, cache, epochs)
+    except KeyboardInterrupt:
+        trial.set_user_attr(EPOCHS_ATTR, epochs.epochs)
+        trial.set_user_attr(INTERRUPTED_ATTR, True)
+        raise  # Optuna fails the trial (it does not count) and raises it again
     except optuna.TrialPruned:
         trial.set_user_attr(EPOCHS_ATTR, epochs.epochs)
         trial.set_user_attr(PRUNED_ATTR, f"behind the other trials at epoch {epochs.epochs}")
@@ -227,6 +316,9 @@ def _train(setup: TuneSetup, trial: Trial, cache: DataCache | None, epochs: _Epo
     ):
         cli = TrialCLI(args=args, trainer_defaults={"callbacks": [pruning, epochs]}, data_cache=cache)
     trial.set_user_attr(EPOCHS_ATTR, epochs.epochs)
+    saver = next((c for c in cli.trainer.callbacks if isinstance(c, RunConfigSaver)), None)
+    if saver is not None:
+        trial.set_user_attr(CONFIG_ATTR, saver.config_text())
     score, checkpoint = best_score(cli.trainer, setup.monitor)
     if checkpoint is not None and checkpoint.best_model_path:
         trial.set_user_attr("checkpoint", checkpoint.best_model_path)
@@ -236,17 +328,18 @@ def _train(setup: TuneSetup, trial: Trial, cache: DataCache | None, epochs: _Epo
 
 
 def run_worker(
-    setup: TuneSetup, worker: int = 0, storage: Any = None, cache: DataCache | None = None  # noqa: ANN401
+    setup: TuneSetup, storage: Any = None, cache: DataCache | None = None  # noqa: ANN401
 ) -> None:
     """Run trials until ``n_trials`` trials count and none runs elsewhere (module docstring).
 
+    Every worker draws with the same sampler: with a seed, each trial's own (``trial_seeds``).
+
     Args:
         setup: the study's description.
-        worker: this worker's index (its sampler's seed is ``setup.seed + worker``).
         storage: an open storage (``None``: open ``setup.storage``).
         cache: the datamodules kept from earlier trials (``None``: a new, empty one).
     """
-    study = load_study(setup, worker, storage)
+    study = load_study(setup, storage)
     cache = cache if cache is not None else DataCache()
     started = time.monotonic()
     announced_wait = False
