@@ -190,7 +190,7 @@ def test_an_output_folder_of_other_files_is_refused_before_any_fit(tmp_path):
     config, out = _tiny_config(tmp_path), tmp_path / "out"
     out.mkdir()
     (out / "results.csv").write_text("mine\n")
-    with pytest.raises(SystemExit, match="holds other files and no benchmark store"):
+    with pytest.raises(SystemExit, match="holds files ripieno did not write"):
         main(["benchmark", "-c", str(config), "--out", str(out)])
     assert (out / "results.csv").read_text() == "mine\n" and not (out / "benchmark.db").exists()
 
@@ -213,6 +213,10 @@ def test_a_base_file_that_leads_back_to_itself_is_one_line(tmp_path):
     ({"models": {"xgb": {"kind": "xgbost"}}}, "kind 'xgbost' (did you mean 'xgboost'?)"),
     ({"datasets": [{"name": "mine", "path": "/nowhere/mine.csv", "target": "y"}]},
      "no file '/nowhere/mine.csv'"),
+    ({"models": {"lometab": {"kind": "ensemble", "params": {"max_epochs": "3"}}}},
+     "model 'lometab': EnsembleClassifier: max_epochs must be an int >= 1, got '3' (str)."),
+    ({"datasets": [{"name": "a/b", "dataset": "wine"}]},
+     "data set name 'a/b' must be a non-empty name without '/'; rename it."),
 ])
 def test_a_bad_benchmark_file_is_one_line_before_any_fit(tmp_path, change, expected):
     config, out = _tiny_config(tmp_path, **change), tmp_path / "out"
@@ -261,8 +265,10 @@ def test_the_tuned_protocol_fits_each_seed_with_the_best_values_of_one_shared_st
     main(["benchmark", "-c", str(config), "--out", str(out)])
     results = pd.read_csv(out / "results.csv")
     assert len(results) == 2 and (results["protocol"] == "tuned").all()
-    study = optuna.load_study(study_name="benchmark:tiny:tune:mlc_churn:lometab",
-                              storage=f"sqlite:///{out / 'benchmark.db'}")
+    storage = f"sqlite:///{out / 'benchmark.db'}"
+    (name,) = [n for n in optuna.get_all_study_names(storage)
+               if n.startswith("benchmark:tiny:tune:mlc_churn:lometab:")]  # named by its fingerprint
+    study = optuna.load_study(study_name=name, storage=storage)
     trials = [t for t in study.get_trials() if t.state == TrialState.COMPLETE]
     assert len(trials) == 3  # one study for both seeds' cells
     best = max(trials, key=lambda t: t.value)  # validation accuracy
@@ -337,7 +343,8 @@ def test_xgboost_node_count_equals_the_dataframe_and_survives_a_boolean_split():
 def test_a_cell_fitted_again_after_its_failure_is_one_row_and_not_reported_failed(tmp_path):
     bad = {"xgboost": {"kind": "xgboost", "params": {"n_estimators": 30, "max_depth": -3}}}
     config, out = _tiny_config(tmp_path, models=bad), tmp_path / "out"
-    main(["benchmark", "-c", str(config), "--out", str(out)])
+    with pytest.raises(SystemExit, match=r"none of the 2 cells finished: each failed by its own error"):
+        main(["benchmark", "-c", str(config), "--out", str(out)])  # every cell failed: a non-zero exit
     failed = pd.read_csv(out / "results.csv")
     assert len(failed) == 2 and (failed["state"] == "FAILED").all()
     config = _tiny_config(tmp_path, models={"xgboost": {"kind": "xgboost", "params": {"n_estimators": 30}}})
