@@ -314,15 +314,29 @@ def test_a_continued_study_draws_new_trials_and_refuses_another_recipe_overrides
     assert _hashes(tmp_path / "study") == kept  # nothing of the study was rewritten by a refused command
 
 
-def test_a_study_name_with_separators_stays_inside_the_tune_folder(tmp_path, monkeypatch):
+def test_a_study_name_with_separators_stays_inside_the_tune_folder_and_final_seeds_rerun_best_yaml(
+    tmp_path, monkeypatch
+):
     work = tmp_path / "work"
     work.mkdir()
     monkeypatch.chdir(work)
     space = str(_space(tmp_path))
-    main(["tune", "-c", WINE, "--space", space, "--study_name", "../../x", "--n_trials", "1", *FAST])
-    assert (work / "runs" / "tune" / "_.._x" / "study.db").is_file()
+    main(["tune", "-c", WINE, "--space", space, "--study_name", "../../x", "--n_trials", "1",
+          "--final_seeds", "2", *FAST])
+    folder = work / "runs" / "tune" / "_.._x"
+    assert (folder / "study.db").is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["space.yaml", "work"]
-    assert optuna.get_all_study_names(f"sqlite:///{work / 'runs/tune/_.._x/study.db'}") == ["../../x"]
+    assert optuna.get_all_study_names(f"sqlite:///{folder / 'study.db'}") == ["../../x"]
+    final = pd.read_csv(folder / "final.csv")
+    assert final["seed"].tolist() == [0, 1] and final["test/accuracy"].between(0, 1).all()
+    (trial,) = _rows(folder)  # final seed 0 is best.yaml again: the trial's validation curve, exactly
+    assert _logged(folder / "final" / "seed_0", "val/nll") == _logged(Path(trial["folder"]), "val/nll")
+
+
+def _logged(folder: Path, metric: str) -> list[float]:
+    (metrics,) = folder.rglob("metrics.csv")
+    with metrics.open() as handle:
+        return [float(row[metric]) for row in csv.DictReader(handle) if row.get(metric)]
 
 
 # --- a benchmark cell remembers what made it ---------------------------------------------------------------
