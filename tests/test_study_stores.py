@@ -296,8 +296,8 @@ def test_a_continued_study_draws_new_trials_and_refuses_another_recipe_overrides
         (["tune", "-c", "tabular/additive_wine", *common, "--study_name", "tabular_lometab_wine", *FAST],
          "another recipe or other overrides (first difference: model.init_args.adapter: 'lometab' then,"
          " 'additive' now)"),
-        (["tune", "-c", WINE, *common, "--n_trials", "5", *FAST[:-1], "--model.init_args.d_block=64"],
-         "another recipe or other overrides (first difference: model.init_args.d_block: 32 then, 64 now)"),
+        (["tune", "-c", WINE, *common, "--n_trials", "5", *FAST[1:], "--trainer.max_epochs=3"],
+         "another recipe or other overrides (first difference: trainer.max_epochs: 2 then, 3 now)"),
         (["tune", "-c", WINE, *common, "--n_trials", "5", *FAST, "--study_name", "second"],
          "--study_dir study holds tune 'tabular_lometab_wine', not tune 'second'; one folder holds"),
     ]

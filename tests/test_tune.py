@@ -315,6 +315,8 @@ def test_two_workers_on_a_journal_file_finish_exactly_the_requested_trials(tmp_p
         "shared",
         "--startup_trials",
         "2",
+        "--seed",
+        "0",  # both commands: seeded per trial number, so they never draw the same trial
         *FAST,
     ]
     first = subprocess.Popen(
@@ -332,6 +334,7 @@ def test_two_workers_on_a_journal_file_finish_exactly_the_requested_trials(tmp_p
     storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(journal)))
     trials = _check_exact(storage, "shared", 4)
     assert all(t.state.is_finished() for t in trials)
+    assert len({tuple(sorted(t.params.items())) for t in trials if counts(t)}) == 4
     assert "4/4 trials finished" in out_first and "4/4 trials finished" in second
 
 
