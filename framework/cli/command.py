@@ -378,12 +378,12 @@ class RipienoCLI(LightningCLI):
             refuse_non_finite_best(checkpoint)
         results = trainer.test(self.model, datamodule=self.datamodule,
                                ckpt_path=best or None, verbose=False, weights_only=True)
+        log_dir = trainer.log_dir or trainer.default_root_dir  # every rank: log_dir is a broadcast
         if trainer.is_global_zero:
             lines = ["", "ripieno: test metrics of " + (f"best checkpoint {best}" if best else
                                                         "the final weights")]
             for name, value in sorted((results[0] if results else {}).items()):
                 lines.append(f"  {name:<32} {value:.6g}")
-            log_dir = trainer.log_dir or trainer.default_root_dir
             lines.append(f"ripieno: logs       {log_dir}")
             if any(isinstance(lg, TensorBoardLogger) for lg in trainer.loggers):
                 lines.append(f"ripieno: view with  tensorboard --logdir {log_dir}")

@@ -1,0 +1,71 @@
+"""``fit``, ``test`` and ``predict`` under the ``ddp`` launcher that multi-GPU users get (gloo on CPU).
+
+``--trainer.strategy=ddp`` starts rank 1 by running the same command again in a subprocess, unlike
+``ddp_spawn``: every code path runs in two independent processes, and anything that rank 0 does
+alone must not wait for rank 1 (``test_rank_zero_blocks.py``). Oracles: exact identities. The run
+ends with exit 0, both ranks started, one summary and one run folder; the test metrics under ddp
+equal those of one process on the same checkpoint (torchmetrics reduces over ranks, and wine's 36
+test rows split evenly); the two ranks' prediction tables together are the one-process table, row
+for row.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+WINE = "tabular/lometab_wine"
+DDP = ["--trainer.strategy=ddp", "--trainer.devices=2", "--trainer.accelerator=cpu"]
+ONE = ["--trainer.strategy=auto", "--trainer.devices=1", "--trainer.accelerator=cpu"]
+SMALL = ["--trainer.max_epochs=2", "--model.init_args.k=4", "--model.init_args.d_block=32",
+         "--trainer.enable_progress_bar=false"]
+
+
+def _ripieno(folder: Path, *args: str) -> str:
+    """Run ``ripieno`` as a user does; its whole output (stdout and stderr), after checking exit 0."""
+    result = subprocess.run([sys.executable, "-m", "ripieno", *args], cwd=folder, capture_output=True,
+                            text=True, timeout=900)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    assert "Traceback" not in output, output
+    return output
+
+
+def _test_row(folder: Path) -> dict[str, float]:
+    (metrics,) = folder.rglob("metrics.csv")
+    (row,) = [r for r in csv.DictReader(metrics.open()) if r.get("test/nll")]
+    return {k: float(v) for k, v in row.items() if k.startswith("test/") and v}
+
+
+@pytest.mark.slow
+def test_fit_test_and_predict_under_the_ddp_launcher_finish_with_one_summary(tmp_path):
+    out = _ripieno(tmp_path, "fit", "-c", WINE, *DDP, *SMALL, "--trainer.default_root_dir=run")
+    assert "GLOBAL_RANK: 0" in out and "GLOBAL_RANK: 1" in out  # two processes, as on two GPUs
+    assert out.count("ripieno: test metrics of best checkpoint") == 1
+    assert sorted(p.name for p in (tmp_path / "run" / "logs").iterdir()) == ["version_0"]
+    run = tmp_path / "run" / "logs" / "version_0"
+    rows = list(csv.DictReader((run / "metrics.csv").open()))
+    assert [r["epoch"] for r in rows if r.get("val/nll")] == ["0", "1"]
+    best = re.search(r"ripieno: checkpoint (\S+)", out).group(1)
+
+    config = str(run / "config.yaml")
+    _ripieno(tmp_path, "test", "-c", config, "--ckpt_path", best, *DDP, "--trainer.default_root_dir=t_ddp")
+    _ripieno(tmp_path, "test", "-c", config, "--ckpt_path", best, *ONE, "--trainer.default_root_dir=t_one")
+    ddp, one = _test_row(tmp_path / "t_ddp"), _test_row(tmp_path / "t_one")
+    assert ddp.keys() == one.keys() and ddp == pytest.approx(one, rel=1e-5)
+
+    _ripieno(tmp_path, "predict", "-c", config, "--ckpt_path", best, *DDP, "--trainer.default_root_dir=p_ddp")
+    _ripieno(tmp_path, "predict", "-c", config, "--ckpt_path", best, *ONE, "--trainer.default_root_dir=p_one")
+    ranks = sorted((tmp_path / "p_ddp").rglob("predictions_rank*.csv"))
+    assert [p.name for p in ranks] == ["predictions_rank0.csv", "predictions_rank1.csv"]
+    (single,) = (tmp_path / "p_one").rglob("predictions.csv")
+    one_table = pd.read_csv(single)
+    key = one_table.columns[0]  # the rows' ids
+    both = pd.concat([pd.read_csv(p) for p in ranks]).sort_values(key).reset_index(drop=True)
+    pd.testing.assert_frame_equal(both, one_table.sort_values(key).reset_index(drop=True), rtol=1e-5)
