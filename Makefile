@@ -83,6 +83,7 @@ bench: $(STAMP)  ## Speed/memory tables with ratios measured side by side.
 	$(BIN)/python bench/mcover_step.py
 	$(BIN)/python bench/loes_selection.py
 	$(BIN)/python bench/tune_overhead.py
+	$(BIN)/python bench/cli_startup.py --importtime
 
 sweep: $(STAMP)  ## (rank, sigma_init) diversity grid and LoMETab-vs-additive diversity curves.
 	$(BIN)/python -m experiments.diversity_sweep --recipe tabular/lometab_churn --adapter_inits plain rank_normalized --out docs/results/diversity_sweep

@@ -22,24 +22,35 @@ Example:
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TextIO
 
-from lightning.fabric.utilities.rank_zero import rank_zero_only
-
 LIGHTNING_LOGGERS = ("lightning.pytorch", "lightning.fabric", "lightning")
 LOGGER_NAME = "ripieno"
 
 
+RANK_VARIABLES = ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK")
+"""Where launchers put a process's global rank (Lightning's ``_get_rank`` reads the same)."""
+
+
 class RankZeroFilter(logging.Filter):
-    """Pass records only on global rank zero (``rank_zero_only.rank``, which Lightning sets)."""
+    """Pass records only on global rank zero (``rank_zero_only.rank``, which Lightning sets).
+
+    Before Lightning is imported (``ripieno --help`` imports no Lightning), the rank is read from
+    the launcher's environment variables, as Lightning reads it.
+    """
 
     def filter(self, record: logging.LogRecord) -> bool:
         """Whether this process is rank zero."""
-        return getattr(rank_zero_only, "rank", 0) == 0
+        rank_zero = sys.modules.get("lightning.fabric.utilities.rank_zero")
+        rank = getattr(getattr(rank_zero, "rank_zero_only", None), "rank", None)
+        if rank is None:
+            rank = next((int(os.environ[v]) for v in RANK_VARIABLES if os.environ.get(v, "").isdigit()), 0)
+        return rank == 0
 
 
 def get_logger(name: str) -> logging.Logger:

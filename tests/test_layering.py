@@ -15,7 +15,7 @@ PACKAGES = {"framework": "ripieno.framework", "callbacks": "ripieno.callbacks",
 
 #: framework/'s rooms from the bottom up; a room imports only from rooms of lower layers (and itself).
 LAYERS: tuple[frozenset[str], ...] = (
-    frozenset({"errors"}),  # shared root modules: one-line errors, then the rest
+    frozenset({"errors", "lazy_exports"}),  # shared root modules: one-line errors, lazy names, then the rest
     frozenset({"messages", "members", "extras", "checkpoint_file", "host_syncs"}),
     frozenset({"outputs", "specs", "nn"}),
     frozenset({"metrics", "backbones", "uq"}),

@@ -6,16 +6,24 @@ and logs (``run_folders``, ``run_logs``, ``spawn_results``), the optimizer optio
 (``optimizer_config``), the shipped recipes (``recipes``) and ``select_members``.
 """
 
-from ripieno.framework.cli.command import RipienoCLI
+from typing import TYPE_CHECKING
+
 from ripieno.framework.cli.main import main
+
+if TYPE_CHECKING:
+    from ripieno.framework.cli.command import RipienoCLI
 
 __all__ = ["RipienoCLI", "main"]
 
 
 def __getattr__(name: str) -> object:
-    """The command's other names (``ripieno.framework.cli`` was one module before the package)."""
-    from ripieno.framework.cli import command
+    """``RipienoCLI`` and the command's other names, imported on first use (``ripieno --help`` needs none).
 
+    ``ripieno.framework.cli`` was one module before the package: its names keep resolving.
+    """
+    import importlib
+
+    command = importlib.import_module("ripieno.framework.cli.command")  # not `from . import`: recursion
     try:
         return getattr(command, name)
     except AttributeError:

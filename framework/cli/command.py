@@ -36,10 +36,10 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import logging
 import math
 import os
 import re
-import shutil
 import sys
 import warnings
 from argparse import ArgumentError
@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import lightning as L
-from jsonargparse import Namespace, set_dumper
+from jsonargparse import DefaultHelpFormatter, Namespace, set_dumper
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, _get_module_type
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
@@ -65,11 +65,15 @@ from ripieno.framework.cli.checkpoint_request import (  # noqa: F401 - names of 
     LendingCheckpointIO,
 )
 from ripieno.framework.cli.config_errors import ConfigError, explain_config_error
+from ripieno.framework.cli.help_text import plain
 from ripieno.framework.cli.monitor_check import FirstValidationCheck, check_monitors
 from ripieno.framework.cli.nested_nulls import nest_null_overrides
 from ripieno.framework.cli.optimizer_config import Interval, attach_optimizer_config
 from ripieno.framework.cli.process_group_exit import close_process_group_at_exit
-from ripieno.framework.cli.recipes import find_recipe, list_recipes
+from ripieno.framework.cli.recipes import (  # noqa: F401 - names of this module before
+    CONFIG_FLAGS,
+    resolve_config_args,
+)
 from ripieno.framework.cli.resume_check import section_hparams
 from ripieno.framework.cli.run_folders import (
     RunConfigSaver,
@@ -90,7 +94,6 @@ from ripieno.framework.outputs.output_files import check_writable
 log = get_logger(__name__)
 
 
-CONFIG_FLAGS = ("-c", "--config")
 LOG_NAME = "logs"
 """Folder of the default CSV logger inside ``trainer.default_root_dir``."""
 PLAIN_DUMP = "ripieno_plain"
@@ -101,6 +104,22 @@ LR_MONITOR_CLASSES = ("lightning.pytorch.callbacks.LearningRateMonitor",
                       "lightning.pytorch.callbacks.lr_monitor.LearningRateMonitor")
 """Class paths of Lightning's ``LearningRateMonitor``, left out of runs without a logger."""
 ResumeHparams = Literal["config", "checkpoint"]
+CLI_NOISE = ("💡 Tip: ",)
+"""Starts of Lightning's info lines that the command leaves out (an advertisement for a cloud logger)."""
+RANK_ZERO_LOGGERS = ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero")
+"""The loggers of Lightning's ``rank_zero_info``."""
+
+
+class _DropMessages(logging.Filter):
+    """Drop log records whose message starts with one of ``starts``."""
+
+    def __init__(self, starts: tuple[str, ...]) -> None:
+        super().__init__()
+        self.starts = starts
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Whether to keep ``record``."""
+        return not str(record.getMessage()).startswith(self.starts)
 
 
 class RipienoCLI(LightningCLI):
@@ -280,8 +299,12 @@ class RipienoCLI(LightningCLI):
 
         The logger is made here rather than written into the config, so the saved
         ``config.yaml`` names no folder and a rerun of it follows ``--trainer.default_root_dir``.
+        Likewise, a progress bar left unset is off when the output is not a terminal (a pipe, a
+        file, a job's log), where it would print a frame per refresh.
         """
         trainer = self._get(self.config_init, "trainer", default={})
+        if trainer.get("enable_progress_bar") is None and not _shown_on_a_terminal():
+            kwargs.setdefault("enable_progress_bar", False)
         if "logger" not in kwargs and _default_logger_wanted(trainer):
             save_dir = str(trainer.get("default_root_dir") or ".")
             kwargs["logger"] = CSVLogger(save_dir=save_dir, name=LOG_NAME, version=self._default_log_version)
@@ -430,13 +453,30 @@ def refuse_non_finite_best(checkpoint: ModelCheckpoint) -> None:
             " again.")
 
 
+def _shown_on_a_terminal() -> bool:
+    """Whether this process writes to a terminal (stdout and stderr both)."""
+    return all(getattr(stream, "isatty", lambda: False)() for stream in (sys.stdout, sys.stderr))
+
+
 def _raising_parsers(parser_kwargs: dict[str, Any] | None) -> dict[str, Any]:
-    """``parser_kwargs`` with ``exit_on_error=False`` for the main parser and each subcommand's."""
+    """``parser_kwargs`` with ``exit_on_error=False`` and plain-text help, main parser and subcommands'."""
     kwargs = dict(parser_kwargs or {})
     kwargs.setdefault("exit_on_error", False)
+    kwargs.setdefault("formatter_class", PlainHelpFormatter)
     for subcommand in LightningCLI.subcommands():
-        kwargs[subcommand] = {"exit_on_error": False, **(kwargs.get(subcommand) or {})}
+        kwargs[subcommand] = {"exit_on_error": False, "formatter_class": PlainHelpFormatter,
+                              **(kwargs.get(subcommand) or {})}
     return kwargs
+
+
+class PlainHelpFormatter(DefaultHelpFormatter):
+    """jsonargparse's help formatter, with the reST markup of the docstrings it quotes taken out."""
+
+    def _format_text(self, text: str) -> str:
+        return super()._format_text(plain(text))
+
+    def _expand_help(self, action: Any) -> str:  # noqa: ANN401 - an argparse action
+        return plain(super()._expand_help(action))
 
 
 def _bounded_yaml_parsers(parser_kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -560,64 +600,29 @@ def _spec_as_dict(spec: object) -> object:
     return to_dict() if callable(to_dict) else spec
 
 
-def resolve_config_args(args: list[str]) -> list[str]:
-    """Replace every ``-c/--config NAME`` that is not a file by the shipped recipe ``NAME``.
-
-    Raises:
-        RecipeNotFoundError: for a name that is neither a file nor a shipped recipe.
-    """
-    resolved: list[str] = []
-    expect_config = False
-    for arg in args:
-        if expect_config:
-            resolved.append(str(find_recipe(arg)))
-            expect_config = False
-        elif arg in CONFIG_FLAGS:
-            resolved.append(arg)
-            expect_config = True
-        elif arg.startswith("--config="):
-            resolved.append("--config=" + str(find_recipe(arg.split("=", 1)[1])))
-        else:
-            resolved.append(arg)
-    return resolved
-
-
-def print_recipes() -> None:
-    """Print every shipped recipe's name and one-line description."""
-    recipes = list_recipes()
-    width = max(len(r.name) for r in recipes)
-    room = max(shutil.get_terminal_size((120, 24)).columns - width - 4, 20)
-    print("Shipped recipes (run one with `ripieno fit -c NAME`):")
-    for recipe in recipes:
-        text = recipe.description
-        print(f"  {recipe.name:<{width}}  {text if len(text) <= room else text[: room - 3] + '...'}")
-    from ripieno.framework.cli.tune.space import list_spaces  # tune imports this module: import late
-
-    print("\nSearch spaces (`ripieno tune -c RECIPE` takes the one that suits it; `--space NAME` another):")
-    for space in list_spaces():
-        text = f"{space.description} (recipes: {', '.join(space.recipes)})"
-        print(f"  {space.name:<{width}}  {text if len(text) <= room else text[: room - 3] + '...'}")
-    from ripieno.framework.cli.recipes import list_benchmarks
-
-    print("\nBenchmarks (`ripieno benchmark -c NAME`):")
-    for name, text in list_benchmarks():
-        print(f"  {name:<{width}}  {text if len(text) <= room else text[: room - 3] + '...'}")
-
-
 @contextmanager
 def quiet_cli_notices() -> Iterator[None]:
     """Silence notices that are noise for ``ripieno`` users, for this call only.
 
-    jsonargparse's deprecation notices (Lightning triggers them) and Lightning's warning that
-    ``args=`` is meant for Python use (``main`` passes the resolved command line that way).
+    jsonargparse's deprecation notices (Lightning triggers them), Lightning's warning that
+    ``args=`` is meant for Python use (``main`` passes the resolved command line that way), its
+    own ``LeafSpec`` deprecation (Lightning's code, not the user's) and its advertising tip for a
+    cloud logger. The library leaves them alone: a user's own program decides there.
     """
     name = "JSONARGPARSE_DEPRECATION_WARNINGS"
     previous = os.environ.get(name)
     os.environ.setdefault(name, "off")
+    tips = _DropMessages(CLI_NOISE)
+    loggers = [logging.getLogger(n) for n in RANK_ZERO_LOGGERS]
+    for logger in loggers:
+        logger.addFilter(tips)
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
+            warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)` is deprecated")
             yield
     finally:
+        for logger in loggers:
+            logger.removeFilter(tips)
         if previous is None:
             os.environ.pop(name, None)

@@ -23,6 +23,8 @@ RECIPES_DIR = Path(__file__).resolve().parents[2] / "recipes"
 """Where the shipped recipes are: ``recipes/`` in a checkout, ``ripieno/recipes`` when installed."""
 
 SUFFIXES = (".yaml", ".yml")
+CONFIG_FLAGS = ("-c", "--config")
+"""The options of ``ripieno fit`` and friends that name a recipe."""
 SPACES_FOLDER = "spaces"
 """The folder of ``RECIPES_DIR`` that holds ``ripieno tune``'s search spaces, not recipes."""
 BENCHMARKS_FOLDER = "benchmarks"
@@ -105,3 +107,25 @@ def _description(path: Path) -> str:
     text = " ".join(lines)
     end = SENTENCE_END.search(text)
     return text if end is None else text[: end.start() + 1]
+
+
+def resolve_config_args(args: list[str]) -> list[str]:
+    """Replace every ``-c/--config NAME`` that is not a file by the shipped recipe ``NAME``.
+
+    Raises:
+        RecipeNotFoundError: for a name that is neither a file nor a shipped recipe.
+    """
+    resolved: list[str] = []
+    expect_config = False
+    for arg in args:
+        if expect_config:
+            resolved.append(str(find_recipe(arg)))
+            expect_config = False
+        elif arg in CONFIG_FLAGS:
+            resolved.append(arg)
+            expect_config = True
+        elif arg.startswith("--config="):
+            resolved.append("--config=" + str(find_recipe(arg.split("=", 1)[1])))
+        else:
+            resolved.append(arg)
+    return resolved

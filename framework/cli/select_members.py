@@ -39,6 +39,7 @@ from ripieno.framework.checkpoint_file import CheckpointFileError
 from ripieno.framework.cli.checkpoint_request import CheckpointRequest
 from ripieno.framework.cli.command import CONFIG_FLAGS, RipienoCLI, quiet_cli_notices, resolve_config_args
 from ripieno.framework.cli.error_lines import one_line_error
+from ripieno.framework.cli.help_text import plain
 from ripieno.framework.cli.recipes import RecipeNotFoundError
 from ripieno.framework.errors import file_problem
 from ripieno.framework.methods.member_selection import METHODS, METRICS
@@ -50,7 +51,7 @@ PREFIX = "ripieno select_members: "
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ripieno select_members", usage=USAGE, description=__doc__,
+    parser = argparse.ArgumentParser(prog="ripieno select_members", usage=USAGE, description=plain(__doc__),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ckpt_path", required=True, help="checkpoint of the trained ensemble")
     parser.add_argument("--k", type=int, required=True, help="members to keep")

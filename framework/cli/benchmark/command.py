@@ -40,6 +40,7 @@ from ripieno.framework.cli.benchmark.config import (
 from ripieno.framework.cli.benchmark.models import GBDT_KINDS, PRIMARY
 from ripieno.framework.cli.benchmark.report import rank_figure, render, summary
 from ripieno.framework.cli.fingerprints import first_difference
+from ripieno.framework.cli.help_text import plain
 from ripieno.framework.cli.interrupts import fits_interrupted, join_workers, stop_with_parent
 from ripieno.framework.cli.store_folders import check_folder, claim_folder, folder_name
 from ripieno.framework.cli.tune.study_storage import ERROR_ATTR, check_storage, open_storage
@@ -65,7 +66,7 @@ FIT_WARNINGS = (
 
 def build_parser() -> argparse.ArgumentParser:
     """The options of ``ripieno benchmark``."""
-    parser = argparse.ArgumentParser(prog="ripieno benchmark", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="ripieno benchmark", description=plain(__doc__.split("\n\n")[0]))
     parser.add_argument(
         "-c",
         "--config",

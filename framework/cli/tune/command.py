@@ -33,6 +33,7 @@ from typing import Any
 from ripieno.framework.cli.command import resolve_config_args
 from ripieno.framework.cli.config_errors import ConfigError
 from ripieno.framework.cli.fingerprints import data_files, without_keys
+from ripieno.framework.cli.help_text import plain
 from ripieno.framework.cli.interrupts import fits_interrupted, join_workers, stop_with_parent
 from ripieno.framework.cli.recipes import RECIPES_DIR, RecipeNotFoundError, recipe_name
 from ripieno.framework.cli.store_folders import check_folder, claim_folder, folder_name
@@ -66,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The options of ``ripieno tune`` (other ``--key=value`` arguments go to every trial)."""
     parser = argparse.ArgumentParser(
         prog="ripieno tune",
-        description=__doc__.split("\n\n")[0],
+        description=plain(__doc__.split("\n\n")[0]),
         epilog="Any other --key=value argument is passed to every trial's `ripieno fit`.",
     )
     parser.add_argument(
