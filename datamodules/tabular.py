@@ -42,6 +42,7 @@ from ripieno.framework.specs.tabular_preprocessing import (
     TabularPreprocessingError,
     TabularPreprocessor,
     category_strings,
+    infer_categorical,
 )
 
 log = get_logger(__name__)
@@ -132,7 +133,10 @@ class TabularDataModule(SplitDataModule):
             ``resplit`` pools them and draws all three (a message says so either way).
             ``ClassLabel`` columns are read as their names.
         target: target column (defaults to the shipped data set's).
-        categorical: categorical columns (defaults to the shipped data set's).
+        categorical: categorical columns (defaults to the shipped data set's). For your own file,
+            ``None`` takes its text, boolean and ``category`` columns (one line says which; a
+            column of numbers written as text, ``"12,777.48"``, is an error, not a guess) and
+            ``[]`` none.
         drop: columns to ignore (e.g. row ids).
         task: ``auto``, ``regression``, ``binary`` or ``multiclass``.
         target_transform: ``none`` or ``log`` for regression; ``None`` takes the
@@ -267,6 +271,20 @@ class TabularDataModule(SplitDataModule):
         return (source.load(), hp.target or source.target, categorical, drop, task,
                 hp.target_transform or source.target_transform)
 
+    def _inferred_categorical(self, frame: pd.DataFrame, exclude: list[str]) -> list[str]:
+        """The categorical columns of a user's table (``infer_categorical``), said in one line."""
+        try:
+            found = infer_categorical(frame, exclude=[c for c in exclude if c in frame.columns])
+        except TabularPreprocessingError as error:
+            raise TabularDataError(f"{error} (data.init_args.categorical)") from None
+        if found:
+            names = ", ".join(map(str, found))
+            log.info(
+                f"ripieno: data: {len(found)} text or boolean columns taken as categorical: {names}"
+                " (set data.init_args.categorical to choose them yourself, [] for none)"
+            )
+        return found
+
     def _check_args(self) -> None:
         hp = self.hparams
         check_split_args(hp, TabularDataError, cap="max_rows", min_rows=3)
@@ -297,7 +315,10 @@ class TabularDataModule(SplitDataModule):
     def _prepare_splits(self) -> None:
         hp = self.hparams
         frame, target, categorical, drop, task, target_transform = self._load_frame()
-        _check_columns(frame, target, categorical, [*drop, *([hp.id_column] if hp.id_column else [])])
+        ids = [hp.id_column] if hp.id_column else []
+        if hp.categorical is None and (hp.path is not None or self._is_hf_source()):
+            categorical = self._inferred_categorical(frame, [target, *drop, *ids])
+        _check_columns(frame, target, categorical, [*drop, *ids])
         if hp.id_column is not None and hp.id_column == target:
             raise TabularDataError(f"id_column {hp.id_column!r} is the target; name another column.")
         if hp.max_rows is not None and hp.max_rows < len(frame) and self._official is None:

@@ -606,7 +606,8 @@ def quiet_cli_notices() -> Iterator[None]:
 
     jsonargparse's deprecation notices (Lightning triggers them), Lightning's warning that
     ``args=`` is meant for Python use (``main`` passes the resolved command line that way), its
-    own ``LeafSpec`` deprecation (Lightning's code, not the user's) and its advertising tip for a
+    own ``LeafSpec`` deprecation (Lightning's code, not the user's), its note that a checkpoint
+    tested or predicted in a new run folder keeps only its best path, and its advertising tip for a
     cloud logger. The library leaves them alone: a user's own program decides there.
     """
     name = "JSONARGPARSE_DEPRECATION_WARNINGS"
@@ -620,6 +621,7 @@ def quiet_cli_notices() -> Iterator[None]:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
             warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)` is deprecated")
+            warnings.filterwarnings("ignore", message="The dirpath has changed from")  # predict/test a ckpt
             yield
     finally:
         for logger in loggers:

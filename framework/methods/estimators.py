@@ -47,7 +47,7 @@ from ripieno.framework.messages import quiet_lightning
 from ripieno.framework.methods.tabular_ensemble import TabularEnsembleModule
 from ripieno.framework.nn.embeddings import compute_bins
 from ripieno.framework.specs.tabular import TabularSpec
-from ripieno.framework.specs.tabular_preprocessing import TabularPreprocessor
+from ripieno.framework.specs.tabular_preprocessing import TabularPreprocessor, infer_categorical
 
 ADAPTERS: dict[str, dict[str, str]] = {
     "lometab": {"adapter": "lometab"},
@@ -204,12 +204,6 @@ def _plain(value: Any) -> Any:  # noqa: ANN401
     return value.item() if isinstance(value, np.generic) else value
 
 
-def _is_categorical(column: pd.Series) -> bool:
-    """Strings, objects, ``category`` and booleans are categorical; numbers are numeric."""
-    types = pd.api.types
-    return types.is_bool_dtype(column) or not types.is_numeric_dtype(column)
-
-
 @contextmanager
 def _quiet_fit(verbose: bool) -> Iterator[None]:
     """Lightning's info messages and per-fit warnings off while fitting (unless ``verbose``)."""
@@ -304,7 +298,7 @@ class _TabularEnsembleEstimator(BaseEstimator):
 
     def _categorical_columns(self, frame: pd.DataFrame) -> list[str]:
         if self.categorical is None:
-            return [c for c in frame.columns if _is_categorical(frame[c])]
+            return infer_categorical(frame)
         names = []
         for c in self.categorical:
             name = f"x{c}" if isinstance(c, (int, np.integer)) and f"x{c}" in frame.columns else str(c)

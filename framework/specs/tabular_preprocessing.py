@@ -21,7 +21,8 @@ Rules, all decided on the training split:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import re
+from collections.abc import Iterable, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -68,6 +69,65 @@ def category_strings(column: pd.Series) -> np.ndarray:
     present = column.notna().to_numpy()
     out[present] = [text(v) for v in column.to_numpy()[present]]
     return out
+
+
+NUMBER_AS_TEXT = re.compile(r"[\s$€£¥(+-]*\d[\d.,'’ ]*(e[+-]?\d+)?\s*%?\)?\s*", re.IGNORECASE)
+"""A number written as text: thousands separators, a currency sign, a percent sign, spaces."""
+NUMERIC_SHARE = 0.95
+"""A text column whose values are this often numbers written as text is reported, not guessed."""
+
+
+def infer_categorical(frame: pd.DataFrame, exclude: Iterable[str] = ()) -> list[str]:
+    """The columns of ``frame`` to treat as categories: text, booleans and pandas ``category`` columns.
+
+    Numbers are numeric. A text column whose values are nearly all numbers written as text
+    (``"12,777.48"``, ``"$5"``, ``"12 %"``), or numbers with a few odd entries (``"?"``), is neither
+    guessed numeric nor taken as categories: it is an error naming the column, a value and the fix.
+    A column with no value at all is numeric (all missing).
+
+    Args:
+        frame: the table.
+        exclude: columns left out (the target, dropped and id columns).
+
+    Raises:
+        TabularPreprocessingError: a column of numbers written as text.
+
+    Example:
+        >>> frame = pd.DataFrame({"x": [1.0, 2.0], "city": ["a", "b"], "flag": [True, False],
+        ...                       "y": ["p", "q"]})
+        >>> infer_categorical(frame, exclude=["y"])
+        ['city', 'flag']
+        >>> try:
+        ...     infer_categorical(pd.DataFrame({"price": ["12,777.48", "9.5"]}))
+        ... except TabularPreprocessingError as error:
+        ...     print(str(error)[:70])
+        Column 'price' holds numbers written as text, such as '12,777.48'; wri
+    """
+    excluded = set(exclude)
+    found = []
+    for name in frame.columns:
+        column = frame[name]
+        if name in excluded:
+            continue
+        if pd.api.types.is_bool_dtype(column) or isinstance(column.dtype, pd.CategoricalDtype):
+            found.append(name)
+            continue
+        if pd.api.types.is_numeric_dtype(column):
+            continue
+        text = column.dropna().astype(str).str.strip()
+        if text.empty:
+            continue
+        written = text.map(lambda value: NUMBER_AS_TEXT.fullmatch(value) is not None)
+        if written.mean() >= NUMERIC_SHARE:
+            plain = pd.to_numeric(text, errors="coerce")
+            example = text[plain.isna()].iloc[0] if plain.isna().any() else text.iloc[0]
+            raise TabularPreprocessingError(
+                f"Column {name!r} holds numbers written as text, such as {example!r}; write them as plain"
+                " numbers (or read the file with thousands=','), mark missing values as empty, or list the"
+                " column in categorical to treat its values as categories."
+            )
+        found.append(name)
+    return found
 
 
 def numeric_values(column: pd.Series) -> np.ndarray:
