@@ -63,8 +63,8 @@ def test_another_recipe_stops_before_training_and_lists_the_differences(trained,
     assert "leave out --ckpt_path" in message and "--resume_hparams checkpoint" in message
     assert f"-c {trained.parent.parent / 'config.yaml'}" in message  # the checkpoint's own run config
     assert not any(p.is_file() for p in tmp_path.rglob("*"))  # nothing was written: no run started
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    shown = [line.strip() for line in readme.splitlines() if line.startswith("  model.init_args.")]
+    page = (Path(__file__).resolve().parents[1] / "docs" / "cli.md").read_text()
+    shown = [line.strip() for line in page.splitlines() if line.startswith("  model.init_args.")]
     assert shown and all(line in message for line in shown)  # the README quotes this message as it is
 
 
