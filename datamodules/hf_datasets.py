@@ -32,7 +32,7 @@ SPLIT_ALIASES: dict[str, str] = {"train": "train", "validation": "val", "valid":
                                  "dev": "val", "test": "test"}
 SplitPolicy = Literal["official", "resplit"]
 SPLIT_POLICIES: tuple[str, ...] = ("official", "resplit")
-DATASETS_INSTALL = ".venv/bin/pip install 'datasets>=5.2,<6' (or the ripieno[datasets] extra)"
+DATASETS_INSTALL = "pip install 'ripieno[datasets]'"
 
 
 def _datasets(error: type[Exception]) -> Any:  # noqa: ANN401

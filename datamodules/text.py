@@ -632,6 +632,7 @@ class TextDataModule(SplitDataModule):
     def _prepare(self) -> None:
         hp = self.hparams
         self._check_args()
+        require("text", "transformers", "TextDataModule")  # before the data: the extra is the first fix
         official: dict[str, np.ndarray] | None = None
         saved = hp.dataset not in SHIPPED and Path(hp.dataset).expanduser().is_dir()
         if hp.data_files is not None or saved:

