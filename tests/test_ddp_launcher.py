@@ -69,3 +69,26 @@ def test_fit_test_and_predict_under_the_ddp_launcher_finish_with_one_summary(tmp
     key = one_table.columns[0]  # the rows' ids
     both = pd.concat([pd.read_csv(p) for p in ranks]).sort_values(key).reset_index(drop=True)
     pd.testing.assert_frame_equal(both, one_table.sort_values(key).reset_index(drop=True), rtol=1e-5)
+
+
+SPACE = """\
+params:
+  model.init_args.rank: {type: categorical, choices: [1, 2, 4]}
+  model.init_args.lr: {type: float, low: 1.0e-3, high: 5.0e-3, log: true}
+"""
+
+
+@pytest.mark.slow
+def test_tune_runs_one_trial_per_process_group_under_the_ddp_launcher(tmp_path):
+    """Each trial's fit runs on two ranks and ends with them; the study runs once, with one summary."""
+    (tmp_path / "space.yaml").write_text(SPACE)
+    out = _ripieno(tmp_path, "tune", "-c", WINE, "--space", "space.yaml", "--n_trials", "2", "--seed", "0",
+                   "--study_dir", "study", *DDP, *SMALL)
+    assert "ripieno: study tabular_lometab_wine: 2/2 trials finished (2 complete)" in out
+    assert out.count("ripieno: best.yaml") == 1 and out.count("GLOBAL_RANK: 1") == 2  # a rank 1 per trial
+    rows = list(csv.DictReader((tmp_path / "study" / "trials.csv").open()))
+    assert [r["state"] for r in rows] == ["COMPLETE", "COMPLETE"]
+    for row in rows:  # each trial: one run folder, both epochs validated
+        (metrics,) = (tmp_path / row["folder"]).rglob("metrics.csv")
+        assert [r["epoch"] for r in csv.DictReader(metrics.open()) if r.get("val/nll")] == ["0", "1"]
+    assert not (tmp_path / "runs").exists()  # no rank started a study or a run of its own

@@ -86,6 +86,7 @@ from ripieno.framework.cli.run_folders import (
 from ripieno.framework.cli.run_logs import keep_csv_logs, merge_event_files
 from ripieno.framework.cli.section_instantiator import SectionInstantiator
 from ripieno.framework.cli.spawn_results import keep_spawned_results
+from ripieno.framework.cli.tune.ddp_trials import FOLLOWER_VARIABLE, PruningFollower
 from ripieno.framework.cli.yaml_files import YamlFileError, use_bounded_yaml
 from ripieno.framework.errors import NonFiniteTrainingError, exception_chain
 from ripieno.framework.messages import get_logger
@@ -371,6 +372,9 @@ class RipienoCLI(LightningCLI):
         if self.subcommand == "fit":
             check_monitors(self.model, self.trainer.callbacks)
             self.trainer.callbacks.append(FirstValidationCheck())
+            monitor = os.environ.get(FOLLOWER_VARIABLE)
+            if monitor and not first_process():  # a rank launched for a tune trial: follow its pruning
+                self.trainer.callbacks.append(PruningFollower(monitor))
         # A spawned fit (ddp_spawn) hands its progress and checkpoint paths back to this process,
         # so the test after fit continues from them; spawned workers close their process group.
         keep_spawned_results(self.trainer)

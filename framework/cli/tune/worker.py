@@ -16,7 +16,9 @@ command ends with the whole study done. A trial:
 * records the complete config it ran (its run folder's ``config.yaml``), from which ``best.yaml``
   is written;
 * interrupted by Ctrl-C, is failed without an error of its own, so it does not count and the
-  study runs another in its place when it goes on.
+  study runs another in its place when it goes on;
+* on several devices (``--trainer.strategy=ddp --trainer.devices=N``) is one process group of its
+  own: the launched ranks run this trial's ``ripieno fit`` and end with it (``ddp_trials``).
 
 A study records what decides its results (``record``): the monitor and direction, the space, the
 resolved recipe with every override (``recipe``, without the space's keys and the presentation
@@ -46,6 +48,7 @@ from ripieno.framework.cli.error_lines import one_line_error
 from ripieno.framework.cli.fingerprints import first_difference, without_keys
 from ripieno.framework.cli.interrupts import fits_interrupted
 from ripieno.framework.cli.run_folders import RunConfigSaver
+from ripieno.framework.cli.tune.ddp_trials import trial_command
 from ripieno.framework.cli.tune.space import SearchSpace
 from ripieno.framework.cli.tune.study_storage import (
     ERROR_ATTR,
@@ -313,9 +316,11 @@ def _train(setup: TuneSetup, trial: Trial, cache: DataCache | None, epochs: _Epo
         quiet_lightning(logging.ERROR, TRIAL_WARNINGS),
         quiet_cli_notices(),
         JournalHeartbeat(trial.study, trial._trial_id, setup.heartbeat),
+        trial_command(args, setup.monitor),  # under the ddp launcher, the other ranks run this fit
     ):
         cli = TrialCLI(args=args, trainer_defaults={"callbacks": [pruning, epochs]}, data_cache=cache)
     trial.set_user_attr(EPOCHS_ATTR, epochs.epochs)
+    pruning.check_pruned()  # several processes: the pruning decision comes back through the storage
     saver = next((c for c in cli.trainer.callbacks if isinstance(c, RunConfigSaver)), None)
     if saver is not None:
         trial.set_user_attr(CONFIG_ATTR, saver.config_text())
