@@ -12,6 +12,7 @@ for row.
 from __future__ import annotations
 
 import csv
+import json
 import re
 import subprocess
 import sys
@@ -92,3 +93,20 @@ def test_tune_runs_one_trial_per_process_group_under_the_ddp_launcher(tmp_path):
         (metrics,) = (tmp_path / row["folder"]).rglob("metrics.csv")
         assert [r["epoch"] for r in csv.DictReader(metrics.open()) if r.get("val/nll")] == ["0", "1"]
     assert not (tmp_path / "runs").exists()  # no rank started a study or a run of its own
+
+
+@pytest.mark.slow
+def test_loes_extraction_and_selection_under_the_ddp_launcher_run_once(tmp_path):
+    """The layer embeddings are extracted and selected once, both ranks train on them, one summary."""
+    source = {"class_path": "ripieno.datamodules.TextDataModule",
+              "init_args": {"dataset": "rotten_tomatoes", "max_length": 64, "build_tokenizer": True,
+                            "split_seed": 0, "max_rows": 200}}
+    out = _ripieno(tmp_path, "fit", "-c", "loes/text_gpt2_loes", *DDP, "--trainer.max_epochs=2",
+                   f"--data.init_args.source={json.dumps(source)}", "--data.init_args.progress=false",
+                   "--trainer.enable_progress_bar=false")
+    assert "GLOBAL_RANK: 0" in out and "GLOBAL_RANK: 1" in out
+    assert out.count("LayerEmbeddingDataModule: loes chose hidden states") == 1
+    assert out.count("ripieno: test metrics of best checkpoint") == 1
+    run = tmp_path / "runs" / "loes" / "text_gpt2_loes" / "logs"
+    assert [p.name for p in run.iterdir()] == ["version_0"]
+    assert [p.name for p in (run / "version_0").glob("selection_scores*.csv")] == ["selection_scores.csv"]
