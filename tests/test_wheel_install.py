@@ -130,3 +130,11 @@ def test_the_wheel_works_from_an_empty_folder_core_only_then_with_each_extra(whe
         assert "Traceback" not in done.stderr, f"{line}\n{done.stderr[-3000:]}"
     assert (empty / "runs" / "tune").is_dir()
     assert (empty / "runs" / "benchmark" / "tabular_ci" / "report.md").is_file()
+
+    # a user's project with packages of the same names as ripieno's folders: ripieno's are namespaced
+    project = tmp_path / "project"
+    for package in ("callbacks", "datamodules", "framework"):
+        (project / package).mkdir(parents=True)
+        (project / package / "__init__.py").write_text("raise ImportError('the user package was imported')\n")
+    done = _shell(venv, wheel, "ripieno fit -c tabular/lometab_wine --trainer.max_epochs=1", project)
+    assert done.returncode == 0 and "ripieno: test metrics" in done.stdout, done.stderr[-3000:]
