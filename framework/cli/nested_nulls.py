@@ -1,6 +1,6 @@
 """``null`` overrides below a class's ``init_args``, handed to jsonargparse in a form it reads right.
 
-jsonargparse (4.53) passes an override two levels below a class, such as
+jsonargparse (4.51 to 4.53 at least) passes an override two levels below a class, such as
 ``--data.init_args.selection.scores_path=null``, to the class's own parser as the text
 ``--selection.scores_path=None``: a ``str | None`` setting silently becomes the text
 ``'None'``, and other types refuse it. The same override written one level up as a mapping,
