@@ -145,7 +145,7 @@ BAD_PARAMETERS = [  # (name, value, what the message says after "<class>: ")
     ("max_epochs", 3.0, "max_epochs must be an int >= 1, got 3.0 (float)."),
     ("k", 0, "k must be an int >= 1, got 0 (int)."),
     ("k", True, "k must be an int >= 1, got True (bool)."),
-    ("k", np.int64(-2), "k must be an int >= 1, got np.int64(-2) (int64)."),
+    ("k", np.int64(-2), "k must be an int >= 1, got -2 (int64)."),
     ("lr", -1, "lr must be a finite float > 0, got -1 (int)."),
     ("lr", float("inf"), "lr must be a finite float > 0, got inf (float)."),
     ("lr", "1e-3", "lr must be a finite float > 0, got '1e-3' (str)."),

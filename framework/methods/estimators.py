@@ -194,7 +194,7 @@ def check_parameters(estimator: BaseEstimator) -> None:
     for name, value in estimator.get_params(deep=False).items():
         constraint = PARAMETERS[name]
         if not constraint.accepts(value):
-            shown = " ".join(repr(value).split())
+            shown = " ".join(repr(_plain(value)).split())  # -2, as numpy 1 and 2 both say it
             shown = shown if len(shown) <= 80 else shown[:77] + "..."
             raise InvalidParameterError(f"{type(estimator).__name__}: {name} must be {constraint.describe()},"
                                         f" got {shown} ({type(value).__name__}).")
