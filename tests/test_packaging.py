@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tomllib
 import zipfile
 from pathlib import Path
 
@@ -21,7 +22,10 @@ from ripieno.framework.cli.recipes import list_benchmarks, list_recipes
 from ripieno.framework.cli.tune.space import list_spaces
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCES = ("pyproject.toml", "README.md", "src", "framework", "callbacks", "datamodules", "recipes")
+# What the build reads: pyproject.toml, the README (long description) and every folder a package
+# maps to, taken from pyproject itself so a new package folder cannot be left out of the copy.
+_PACKAGE_DIRS = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+SOURCES = ("pyproject.toml", "README.md", *sorted({d.split("/")[0] for d in _PACKAGE_DIRS.values()}))
 
 USER_SCRIPT = '''
 import json
