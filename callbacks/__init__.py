@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 from ripieno.framework.lazy_exports import lazy_exports
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time each name is imported on first use
+    from ripieno.callbacks.conformal_prediction import ConformalPrediction
     from ripieno.callbacks.deep_ensemble import DeepEnsembleSampler
     from ripieno.callbacks.diversity_monitor import DiversityMonitor
     from ripieno.callbacks.georeg import GeoReg
@@ -22,6 +23,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time each name is i
     from ripieno.callbacks.temperature_scaling import TemperatureScaling
 
 _EXPORTS = {
+    "ConformalPrediction": "ripieno.callbacks.conformal_prediction",
     "DeepEnsembleSampler": "ripieno.callbacks.deep_ensemble",
     "DiversityMonitor": "ripieno.callbacks.diversity_monitor",
     "GeoReg": "ripieno.callbacks.georeg",
@@ -37,6 +39,7 @@ _EXPORTS = {
     "TemperatureScaling": "ripieno.callbacks.temperature_scaling",
 }
 __all__ = [
+    "ConformalPrediction",
     "DeepEnsembleSampler",
     "DiversityMonitor",
     "ElasticAveraging",

@@ -32,7 +32,8 @@ class MemberPredictionWriter(BasePredictionWriter):
     optional ``PredictionFrameModel`` capability, ``ripieno.framework.members``: the
     tabular ones), one row per predicted row in data order: the datamodule's id column
     (``prediction_ids``; else ``index``), class probabilities named by class, the label and
-    the member spread; for other modules, the ensemble ``prediction`` (one column per class
+    the member spread, and ``ConformalPrediction``'s ``lower`` / ``upper`` or ``set`` / ``set_size``
+    when it ran; for other modules, the ensemble ``prediction`` (one column per class
     for probabilities) after the dataset ``index``. Under DDP each rank writes ``predictions_rank{r}.*``
     with the dataset indices it predicted, so nothing is lost or duplicated silently.
 
@@ -93,7 +94,7 @@ class MemberPredictionWriter(BasePredictionWriter):
             return None
         if not isinstance(pl_module, PredictionFrameModel):  # optional: the plain columns instead
             return None
-        table = pl_module.prediction_frame(merged["member_predictions"])
+        table = _with_conformal_columns(pl_module.prediction_frame(merged["member_predictions"]), merged)
         ids_of = getattr(trainer.datamodule, "prediction_ids", None) if trainer.datamodule else None
         if "index" in merged:
             indices = merged["index"].tolist()
@@ -101,6 +102,25 @@ class MemberPredictionWriter(BasePredictionWriter):
             table.insert(0, name, ids)
             table = table.iloc[sorted(range(len(indices)), key=indices.__getitem__)].reset_index(drop=True)
         return table
+
+
+def _with_conformal_columns(table: pd.DataFrame, merged: dict[str, torch.Tensor]) -> pd.DataFrame:
+    """``ConformalPrediction``'s outputs as columns: ``lower`` / ``upper``, or ``set`` and ``set_size``.
+
+    The set names its classes as the ``proba_<class>`` columns do, joined by ``|`` in class order.
+    """
+    if "lower" in merged and "upper" in merged:
+        table["lower"] = merged["lower"].double().numpy()
+        table["upper"] = merged["upper"].double().numpy()
+    if "prediction_set" in merged:
+        names = [c.removeprefix("proba_") for c in table.columns if c.startswith("proba_")]
+        sets = merged["prediction_set"].bool()
+        if sets.shape[1] != len(names):
+            raise ValueError(f"prediction_set has {sets.shape[1]} classes but the table {len(names)}.")
+        table["set"] = ["|".join(n for n, kept in zip(names, row, strict=True) if kept)
+                        for row in sets.tolist()]
+        table["set_size"] = sets.sum(1).numpy()
+    return table
 
 
 def _write_new_files(folder: Path, stem: str, outputs: dict[str, bytes | str]) -> list[Path]:

@@ -159,6 +159,11 @@ class TabularDataModule(SplitDataModule):
         batch_size: training batch size.
         eval_batch_size: batch size for val/test/predict.
         num_workers: DataLoader workers.
+        calibration_size: fraction of all rows held out of training for post-hoc calibration
+            (``ConformalPrediction``'s default rows), carved from the training rows after the
+            validation and test splits, stratified by label, with ``split_seed``; ``0`` (the
+            default) holds none. The validation rows, which early stopping has seen, are never
+            taken for it. ``calibration_dataloader()`` serves them.
     """
 
     def __init__(
@@ -189,6 +194,7 @@ class TabularDataModule(SplitDataModule):
         batch_size: int = 256,
         eval_batch_size: int = 2048,
         num_workers: int = 0,
+        calibration_size: float = 0.0,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
@@ -288,9 +294,14 @@ class TabularDataModule(SplitDataModule):
     def _check_args(self) -> None:
         hp = self.hparams
         check_split_args(hp, TabularDataError, cap="max_rows", min_rows=3)
-        if hp.val_size + hp.test_size >= 1.0:
-            raise TabularDataError(f"val_size + test_size = {hp.val_size + hp.test_size} leaves no training"
-                                   " rows.")
+        calibration = hp.get("calibration_size", 0.0)
+        if not 0.0 <= calibration < 1.0:
+            raise TabularDataError(f"calibration_size must be a fraction in [0, 1) (0: no calibration rows),"
+                                   f" got {calibration}.")
+        if hp.val_size + hp.test_size + calibration >= 1.0:
+            held = " + calibration_size" if calibration else ""
+            raise TabularDataError(f"val_size + test_size{held} = {hp.val_size + hp.test_size + calibration}"
+                                   " leaves no training rows.")
         if hp.missing not in ("error", "impute"):
             raise TabularDataError(f"missing must be 'error' or 'impute', got {hp.missing!r}.")
         if hp.numeric_embedding not in ("ple", "none"):
@@ -337,8 +348,10 @@ class TabularDataModule(SplitDataModule):
         else:
             train_idx, val_idx, test_idx = _split_indices(len(frame), stratify, hp.val_size, hp.test_size,
                                                           hp.split_seed)
+        train_idx, cal_idx = self._calibration_rows(train_idx, stratify, len(frame))
         if task != "regression":
-            _check_labels_seen(y, train_idx, {"val": val_idx, "test": test_idx}, class_names)
+            _check_labels_seen(y, train_idx, {"val": val_idx, "test": test_idx, "calibration": cal_idx},
+                               class_names)
 
         preprocessor = TabularPreprocessor(numeric, categorical, hp.numeric_transform, hp.missing,
                                            seed=hp.split_seed)
@@ -373,7 +386,10 @@ class TabularDataModule(SplitDataModule):
         y_tensor = torch.tensor(y, dtype=torch.float32 if task == "regression" else torch.long)
         x_num_t = torch.as_tensor(x_num, dtype=torch.float32)
         x_cat_t = torch.as_tensor(codes, dtype=torch.long)
-        for name, rows in (("train", train_idx), ("val", val_idx), ("test", test_idx)):
+        named_rows = [("train", train_idx), ("val", val_idx), ("test", test_idx)]
+        if len(cal_idx):
+            named_rows.append(("calibration", cal_idx))
+        for name, rows in named_rows:
             rows_t = torch.as_tensor(rows)
             self._splits[name] = TabularTensorDataset(x_num_t[rows_t], x_cat_t[rows_t], y_tensor[rows_t])
         self._prediction_ids = (hp.id_column or "row", [row_ids[i] for i in test_idx])
@@ -388,6 +404,39 @@ class TabularDataModule(SplitDataModule):
             categorical=list(categorical), class_names=list(class_names) if task != "regression" else [],
             target_transform=target_transform, name=hp.dataset if hp.path is None else str(hp.path),
         )
+
+    def _calibration_rows(self, train: np.ndarray, stratify: np.ndarray | None,
+                          n_rows: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(train, calibration)``: ``calibration_size`` of all rows carved from the training rows."""
+        size = self.hparams.get("calibration_size", 0.0)
+        if not size:
+            return train, np.zeros(0, dtype=np.int64)
+        count = round(n_rows * size)
+        if count < 1 or count >= len(train):
+            raise TabularDataError(f"calibration_size={size} gives {count} of the {len(train)} training rows;"
+                                   " use a fraction that leaves both sides rows (or more rows).")
+        return split_rows(train, stratify, count, self.hparams.split_seed, arg="calibration_size",
+                          cap="max_rows", error=TabularDataError)
+
+    @property
+    def has_calibration_rows(self) -> bool:
+        """Whether ``calibration_dataloader`` has rows (``calibration_size > 0`` and a training table)."""
+        return bool(self.hparams.get("calibration_size", 0.0)) and self.hparams.preprocessing_from is None
+
+    def calibration_dataloader(self) -> DataLoader:
+        """The calibration rows (``calibration_size``), in order, at the evaluation batch size.
+
+        Raises:
+            TabularDataError: ``calibration_size`` is 0, or the datamodule serves a checkpoint's
+                preprocessing (no training table).
+        """
+        if not self.hparams.get("calibration_size", 0.0):
+            raise TabularDataError("This datamodule holds no calibration rows: set"
+                                   " data.init_args.calibration_size (e.g. 0.1), or calibrate on the"
+                                   " validation"
+                                   " rows on purpose"
+                                   " (ConformalPrediction(calibrate_on='val')).")
+        return self._loader(self._split("calibration"), self.hparams.eval_batch_size)
 
     def table_splits(self) -> TableSplits:
         """The prepared train/val/test rows before preprocessing, with encoded targets.

@@ -114,3 +114,19 @@ def test_the_own_table_recipe_trains_regression_and_classification(tmp_path, mon
     out = capsys.readouterr().out
     assert f"inferred {task} for target {target!r}" in out
     assert f"  {metric} " in out and "ripieno: checkpoint runs/tabular/lometab_csv/" in out
+    assert "  conformal/test/coverage " in out  # 10% of the rows calibrate the recipe's 90% sets / intervals
+
+    # The README's predict line on new rows: the checkpoint alone carries the conformal thresholds.
+    (best,) = (tmp_path / "runs").rglob("best-*.ckpt")
+    _houses(30, seed=1).drop(columns=["label", "price"]).to_csv("new.csv", index=False)
+    main(["predict", "-c", "tabular/lometab_csv", f"--ckpt_path={best}", "--data.init_args.predict_path=new.csv",
+          "--model.init_args.k=4", "--model.init_args.d_block=32"])
+    (written,) = (tmp_path / "runs").rglob("predictions.csv")
+    table = pd.read_csv(written)
+    assert len(table) == 30
+    if task == "regression":
+        assert (table["lower"] <= table["prediction"]).all() and (table["prediction"] <= table["upper"]).all()
+    else:
+        assert set(table["set_size"]) <= {0, 1, 2}
+        assert all(str(p) in str(s).split("|") for p, s, n in zip(table["prediction"], table["set"],
+                                                                   table["set_size"], strict=True) if n)
