@@ -91,3 +91,28 @@ def test_predicting_before_conformalize_says_so(classifier):
     clf = EnsembleClassifier(**SMALL)
     with pytest.raises(NotFittedError):
         clf.predict_set(classifier[3])
+
+
+@pytest.mark.parametrize("method", ["temperature", "vector", "isotonic"])
+def test_calibrate_applies_the_calibrator_to_the_members(classifier, method):
+    from ripieno.framework.uq.calibrators import make_calibrator
+
+    clf, x_cal, y_cal, x_test = classifier
+    clf.calibrate(x_cal, y_cal, method=method)
+    members = clf._member_predictions(x_test).double()
+    direct = make_calibrator(method, input_kind="probs").fit(clf._member_predictions(x_cal).double(),
+                                                             np.searchsorted(clf.classes_, y_cal))
+    np.testing.assert_allclose(clf.predict_calibrated_proba(x_test), direct.predict_proba(members).numpy())
+    np.testing.assert_allclose(clf.predict_calibrated_proba(x_test).sum(1), 1.0, atol=1e-9)
+
+
+def test_a_new_fit_drops_what_was_calibrated_on_the_old_weights():
+    X, y = load_wine(return_X_y=True)
+    x_train, x_cal, _, y_train, y_cal, _ = _three_ways(X, y, stratify=True)
+    clf = EnsembleClassifier(**{**SMALL, "max_epochs": 2}).fit(x_train, y_train)
+    clf.conformalize(x_cal, y_cal).calibrate(x_cal, y_cal)
+    clf.fit(x_train, y_train)
+    for attribute in ("conformal_", "calibrator_"):
+        assert not hasattr(clf, attribute)
+    with pytest.raises(Exception, match="conformalize|not fitted"):
+        clf.predict_set(x_cal)

@@ -48,6 +48,7 @@ from ripieno.framework.methods.tabular_ensemble import TabularEnsembleModule
 from ripieno.framework.nn.embeddings import compute_bins
 from ripieno.framework.specs.tabular import TabularSpec
 from ripieno.framework.specs.tabular_preprocessing import TabularPreprocessor, infer_categorical
+from ripieno.framework.uq.calibrators import make_calibrator
 from ripieno.framework.uq.conformal import SplitConformal
 
 ADAPTERS: dict[str, dict[str, str]] = {
@@ -59,6 +60,9 @@ ADAPTERS: dict[str, dict[str, str]] = {
     "packed": {"adapter": "packed", "share_embeddings": False},
 }
 """``adapter`` names of the estimators and the ``TabularEnsembleModule`` arguments they set."""
+
+_POST_HOC = ("conformal_", "spread_floor_", "calibrator_")
+"""Attributes fitted after ``fit`` on held-out rows; a new ``fit`` drops them."""
 
 
 class InvalidParameterError(RipienoInputError, TypeError):
@@ -332,6 +336,8 @@ class _TabularEnsembleEstimator(BaseEstimator):
         check_parameters(self)
         if (X_val is None) != (y_val is None):
             raise ValueError("Give both X_val and y_val, or neither.")
+        for stale in _POST_HOC:  # belong to the weights being replaced: conformalize / calibrate again
+            self.__dict__.pop(stale, None)
         frame = self._frame(X, reset=True)
         y_all = self._encode_y(y, fit=True)
         if len(y_all) != len(frame):
@@ -553,6 +559,41 @@ class EnsembleClassifier(ClassifierMixin, _TabularEnsembleEstimator):
         """Boolean sets ``(n, n_classes)``, columns in ``classes_`` order (call ``conformalize`` first)."""
         check_is_fitted(self, "conformal_")
         return self.conformal_.predict_sets(self.predict_proba(X)).numpy()
+
+    def calibrate(
+        self,
+        X: Any,  # noqa: ANN401, N803
+        y: Any,  # noqa: ANN401
+        *,
+        method: Literal["temperature", "vector", "isotonic"] = "temperature",
+        **kwargs: Any,  # noqa: ANN401
+    ) -> EnsembleClassifier:
+        """Fit a post-hoc probability calibrator on held-out rows; ``predict_calibrated_proba`` applies it.
+
+        ``temperature`` (one ``T`` for every member), ``vector`` (a scale and bias per class on the
+        members' log-probabilities) or ``isotonic`` (scikit-learn's, one-vs-rest on the ensemble's
+        probabilities, as ``CalibratedClassifierCV``); see ``ripieno.framework.uq.calibrators``. The rows
+        must be new to the model. ``predict_proba`` stays the ensemble's own.
+
+        Args:
+            X: calibration rows.
+            y: their labels (labels of ``classes_``).
+            method: the calibrator.
+            **kwargs: its settings (e.g. ``l2`` for ``vector``).
+
+        Returns:
+            self, with ``calibrator_``.
+        """
+        check_is_fitted(self, "classes_")
+        members = self._member_predictions(X).double()
+        codes = self._encode_y(y, fit=False)
+        self.calibrator_ = make_calibrator(method, input_kind="probs", **kwargs).fit(members, codes)
+        return self
+
+    def predict_calibrated_proba(self, X: Any) -> np.ndarray:  # noqa: ANN401, N803
+        """Calibrated class probabilities ``(n, n_classes)`` (call ``calibrate`` first)."""
+        check_is_fitted(self, "calibrator_")
+        return self.calibrator_.predict_proba(self._member_predictions(X).double()).numpy()
 
 
 class EnsembleRegressor(RegressorMixin, _TabularEnsembleEstimator):
