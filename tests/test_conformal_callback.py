@@ -2,8 +2,8 @@
 
 Oracles: the calibration rows are exactly training rows of the same table without them (val and
 test unchanged); the callback's logged coverage, set size, width and Winkler score equal split
-conformal computed directly (``SplitConformal`` on the module's own predictions of the same rows,
-itself tested equal to MAPIE); a checkpoint's thresholds give the predict outputs without the
+conformal computed directly (``SplitConformal`` on the module's own predictions of the same
+rows, itself tested equal to MAPIE); a checkpoint's thresholds give the predict outputs without the
 training table, and refuse other weights; and over 200 random calibration / test splits of rows the
 model never saw, the mean coverage lies within split conformal's exact bounds
 ``[1 - alpha, 1 - alpha + 1 / (n + 1)]`` (given the pool, a random split makes the rows exchangeable),
@@ -81,9 +81,11 @@ def test_logged_metrics_equal_split_conformal_on_the_same_rows(tmp_path, table_c
         fitted = SplitConformal("normalized", ALPHA).calibrate((cal.mean(1), spread.clamp_min(floor)), y_cal)
         lower, upper = fitted.predict_intervals((test.mean(1), test.std(1, correction=0).clamp_min(floor)))
         y = y_test.double()
-        assert logged["conformal/test/coverage"] == pytest.approx(float(((lower <= y) & (y <= upper)).double().mean()))
+        covered = (lower <= y) & (y <= upper)
+        assert logged["conformal/test/coverage"] == pytest.approx(float(covered.double().mean()))
         assert logged["conformal/test/width"] == pytest.approx(float((upper - lower).mean()), rel=1e-5)
-        assert logged["conformal/test/winkler"] == pytest.approx(winkler_score(lower, upper, y, ALPHA), rel=1e-5)
+        winkler = winkler_score(lower, upper, y, ALPHA)
+        assert logged["conformal/test/winkler"] == pytest.approx(winkler, rel=1e-5)
     else:
         fitted = SplitConformal("lac", ALPHA).calibrate(cal.mean(1), y_cal)
         sets = fitted.predict_sets(test.mean(1))
@@ -113,8 +115,8 @@ def test_predict_from_a_checkpoint_writes_sets_or_intervals(tmp_path, table_csv,
                             preprocessing_from=checkpoint.best_model_path, calibration_size=0.25)
     out = tmp_path / "predictions"
     fresh = TabularEnsembleModule.load_from_checkpoint(checkpoint.best_model_path)
-    _trainer(tmp_path, [ConformalPrediction(alpha=ALPHA), MemberPredictionWriter(output_dir=str(out))]).predict(
-        fresh, datamodule=new, ckpt_path=checkpoint.best_model_path)
+    callbacks = [ConformalPrediction(alpha=ALPHA), MemberPredictionWriter(output_dir=str(out))]
+    _trainer(tmp_path, callbacks).predict(fresh, datamodule=new, ckpt_path=checkpoint.best_model_path)
     table = pd.read_csv(out / "predictions.csv")
     assert len(table) == 30
     threshold = state["thresholds"][0]
@@ -122,8 +124,9 @@ def test_predict_from_a_checkpoint_writes_sets_or_intervals(tmp_path, table_csv,
     members = members.double()
     if task == "regression":  # normalized: mean +- q * spread, the spread floored as calibrated
         spread = members.std(1, correction=0).clamp_min(state["spread_floor"])
-        assert table["lower"].to_numpy() == pytest.approx((members.mean(1) - threshold * spread).numpy(), rel=1e-5)
-        assert table["upper"].to_numpy() == pytest.approx((members.mean(1) + threshold * spread).numpy(), rel=1e-5)
+        center = members.mean(1)
+        assert table["lower"].to_numpy() == pytest.approx((center - threshold * spread).numpy(), rel=1e-5)
+        assert table["upper"].to_numpy() == pytest.approx((center + threshold * spread).numpy(), rel=1e-5)
         assert (table["lower"] <= table["prediction"]).all() and (table["prediction"] <= table["upper"]).all()
     else:  # LAC: the classes whose probability is at least 1 - q
         names = [c.removeprefix("proba_") for c in table.columns if c.startswith("proba_")]
@@ -146,7 +149,8 @@ def test_settings_that_cannot_work_stop_before_training(tmp_path, table_csv):
     with pytest.raises(ValueError, match="calibration_size"):  # no held-out rows and no explicit val
         _trainer(tmp_path, [ConformalPrediction()]).fit(model, datamodule=data)
     with pytest.raises(ValueError, match="makes class sets"):
-        _trainer(tmp_path, [ConformalPrediction(method="aps", calibrate_on="val")]).fit(model, datamodule=data)
+        aps = ConformalPrediction(method="aps", calibrate_on="val")
+        _trainer(tmp_path, [aps]).fit(model, datamodule=data)
     with pytest.raises(ValueError, match="alpha"):
         ConformalPrediction(alpha=1.5)
     with pytest.raises(ValueError, match="k_reg"):

@@ -119,8 +119,8 @@ def test_the_own_table_recipe_trains_regression_and_classification(tmp_path, mon
     # The README's predict line on new rows: the checkpoint alone carries the conformal thresholds.
     (best,) = (tmp_path / "runs").rglob("best-*.ckpt")
     _houses(30, seed=1).drop(columns=["label", "price"]).to_csv("new.csv", index=False)
-    main(["predict", "-c", "tabular/lometab_csv", f"--ckpt_path={best}", "--data.init_args.predict_path=new.csv",
-          "--model.init_args.k=4", "--model.init_args.d_block=32"])
+    main(["predict", "-c", "tabular/lometab_csv", f"--ckpt_path={best}",
+          "--data.init_args.predict_path=new.csv", "--model.init_args.k=4", "--model.init_args.d_block=32"])
     (written,) = (tmp_path / "runs").rglob("predictions.csv")
     table = pd.read_csv(written)
     assert len(table) == 30
