@@ -5,6 +5,11 @@ probabilities (classification) or outputs (regression), reported in the target's
 original units. Steps follow the member protocol (``ripieno.framework.members``:
 ``member_outputs (B, K, out)`` and ``target``), so DiversityMonitor and other member-aware
 callbacks work unchanged.
+
+Regression can also be distributional (``regression_head``): each member then predicts a
+Gaussian or a set of quantiles (``ripieno.framework.nn.distributional_heads``), while
+``member_outputs`` stay the members' means (medians) so that every consumer of the protocol
+works as before; ``predictive_distribution`` and ``predict_step`` give the rest.
 """
 
 from __future__ import annotations
@@ -36,6 +41,23 @@ from ripieno.framework.methods.member_selection import (
     subset_members,
 )
 from ripieno.framework.methods.tabular_prediction import TabularPredictionMixin
+from ripieno.framework.metrics.mixture import (
+    IntervalCoverage,
+    MixtureCRPS,
+    MixtureNLL,
+    QuantileLoss,
+    mixture_moments,
+)
+from ripieno.framework.nn.distributional_heads import (
+    DEFAULT_QUANTILE_LEVELS,
+    RegressionHead,
+    check_regression_head,
+    gaussian_head,
+    gaussian_nll,
+    head_width,
+    pinball_loss,
+    sorted_quantiles,
+)
 from ripieno.framework.nn.embeddings import PiecewiseLinearEmbeddings
 from ripieno.framework.nn.ensemble_linear import (
     DEFAULT_ADAPTER_INIT,
@@ -108,6 +130,26 @@ class TabularEnsembleModule(TabularPredictionMixin, MemberModule):
             itself (``model(x)``, the posterior callbacks' ``torch.func`` passes) stays eager.
         compile_mode: ``torch.compile``'s ``mode`` (``default``, ``reduce-overhead``,
             ``max-autotune``, ``max-autotune-no-cudagraphs``); used with ``compile`` only.
+        regression_head: what each member predicts (regression only; every adapter):
+            ``point`` (default) one value, trained with the squared error; ``gaussian`` a
+            mean and a variance (``softplus(raw) + 1e-6`` in standardised units), trained
+            with the Gaussian NLL (``beta_nll``), the ensemble's predictive being the
+            equal-weight mixture of the members' Gaussians; ``quantile`` one value per
+            ``quantile_levels`` level, sorted so that they never cross, trained with the
+            pinball loss averaged over levels and members. ``member_outputs`` and
+            ``member_predictions`` hold the members' means (``gaussian``) or medians
+            (``quantile``); ``predictive_distribution`` the variances or quantiles. Metrics
+            added: ``nll`` (mixture NLL; ``crps`` is then the mixture's, closed form) for
+            ``gaussian``; ``pinball`` and ``coverage`` (of the outer levels' interval) for
+            ``quantile``, whose ``crps`` scores the member medians as for ``point``.
+            ``{train,val,test}/loss`` is always the training objective (standardised units).
+        quantile_levels: the levels of the ``quantile`` head (distinct, in ``(0, 1)``, with
+            0.5, the point prediction); default ``(0.05, 0.5, 0.95)``. The lowest and
+            highest give the interval that conformalised quantile regression corrects
+            (``SplitConformal("cqr")`` on ``predictive_distribution``'s ``lower``/``upper``).
+        beta_nll: beta-NLL exponent of the ``gaussian`` head (Seitzer et al., 2022): each
+            row's NLL is multiplied by ``stop_gradient(variance) ** beta_nll``; 0 (default)
+            is the plain NLL, 0.5 their recommendation.
 
     Example:
         >>> import torch
@@ -137,15 +179,22 @@ class TabularEnsembleModule(TabularPredictionMixin, MemberModule):
         adapter_init: AdapterInit = DEFAULT_ADAPTER_INIT,
         compile: bool = False,
         compile_mode: CompileMode = "default",
+        regression_head: RegressionHead = "point",
+        quantile_levels: tuple[float, ...] = DEFAULT_QUANTILE_LEVELS,
+        beta_nll: float = 0.0,
     ) -> None:
         super().__init__()
         spec = TabularSpec.coerce(data_spec)
+        self.quantile_levels = check_regression_head(regression_head, spec.task, quantile_levels, beta_nll)
+        self.regression_head: RegressionHead = regression_head
         self.save_hyperparameters()
         self.use_spec(spec)  # hparams keep the compact spec; its fitted state goes to checkpoints
         self.task: Literal["regression", "binary", "multiclass"] = spec.task
+        d_out = (spec.d_out if regression_head == "point"
+                 else head_width(regression_head, self.quantile_levels))
         self.net = TabularEnsembleNet(
             n_num_features=spec.n_num_features, cat_cardinalities=spec.cat_cardinalities,
-            d_out=spec.d_out, k=k, adapter=adapter, adapter_layers=adapter_layers,
+            d_out=d_out, k=k, adapter=adapter, adapter_layers=adapter_layers,
             n_blocks=n_blocks, d_block=d_block, dropout=dropout, rank=rank,
             sigma_init=sigma_init, bins=spec.bin_tensors(), d_embedding=d_embedding,
             share_embeddings=share_embeddings, rank1_init=rank1_init, compute=compute,
@@ -176,11 +225,51 @@ class TabularEnsembleModule(TabularPredictionMixin, MemberModule):
     def member_predictions(self, raw: Tensor) -> Tensor:
         """Member outputs for users: probabilities ``(B, K, C)`` or regression values ``(B, K)``.
 
-        Regression values are in the modelled target's units (standardisation undone).
+        Regression values are in the modelled target's units (standardisation undone): the
+        members' means, or medians for ``regression_head="quantile"``.
         """
         if self.task == "regression":
+            if self.regression_head == "quantile":
+                raw = sorted_quantiles(raw)[..., self.quantile_levels.index(0.5), None]
             return raw[..., 0].float() * self.spec.target_std + self.spec.target_mean
         return member_probabilities(raw, self.member_output_kind)
+
+    def member_distribution(self, raw: Tensor) -> dict[str, Tensor]:
+        """The members' predictive distributions from raw outputs, in the modelled target's units.
+
+        Always ``member_mean`` ``(B, K)`` (``member_predictions``: means, or medians for the
+        ``quantile`` head). ``gaussian``: ``member_variance`` ``(B, K)``, and the mixture's
+        ``mean`` and ``variance`` ``(B,)`` (mean of the variances plus variance of the means).
+        ``quantile``: ``member_quantiles`` ``(B, K, L)`` (sorted levels), ``quantiles`` ``(B, L)``
+        (their member mean), and ``lower`` and ``upper`` ``(B,)`` (member means of the lowest and
+        highest levels, the interval CQR corrects).
+        """
+        out = {"member_mean": self.member_predictions(raw)}
+        scale, shift = float(self.spec.target_std), float(self.spec.target_mean)
+        if self.regression_head == "gaussian":
+            _, variance = gaussian_head(raw)
+            out["member_variance"] = variance * scale**2
+            out["mean"], out["variance"] = mixture_moments(out["member_mean"], out["member_variance"])
+        elif self.regression_head == "quantile":
+            quantiles = sorted_quantiles(raw) * scale + shift
+            out["member_quantiles"] = quantiles
+            out["quantiles"] = quantiles.mean(1)
+            out["lower"], out["upper"] = out["quantiles"][:, 0], out["quantiles"][:, -1]
+        return out
+
+    @torch.no_grad()
+    def predictive_distribution(self, batch: dict[str, Tensor]) -> dict[str, Tensor]:
+        """``member_distribution`` of a batch (dict with ``x_num``, ``x_cat``), without gradients.
+
+        Example:
+            >>> import torch
+            >>> spec = TabularSpec(task="regression", n_num_features=3, target_mean=1.0, target_std=2.0)
+            >>> model = TabularEnsembleModule(spec, k=4, d_block=8, regression_head="gaussian")
+            >>> out = model.predictive_distribution({"x_num": torch.randn(5, 3)})
+            >>> out["member_variance"].shape, out["variance"].shape
+            (torch.Size([5, 4]), torch.Size([5]))
+        """
+        return self.member_distribution(self.step_network(batch["x_num"], batch.get("x_cat")))
 
     def predict_ensemble(self, raw: Tensor) -> Tensor:
         """Ensemble prediction from raw member outputs.
@@ -233,21 +322,106 @@ class TabularEnsembleModule(TabularPredictionMixin, MemberModule):
         """Regression trains on the squared error of standardised targets (``target_std``)."""
         return float(self.spec.target_std) if self.task == "regression" else 1.0
 
+    @override
+    def step(self, batch: dict[str, Tensor], stage: str) -> StepOutput:
+        """The protocol's step; with a distributional head, its loss and the members' distributions.
+
+        ``member_outputs`` are then the members' means or medians ``(B, K, 1)`` in the modelled
+        target's units, and the step output also holds the detached ``member_variance`` ``(B, K)``
+        or ``member_quantiles`` ``(B, K, L)`` (same units) that the metrics score.
+        """
+        if self.regression_head == "point":
+            return super().step(batch, stage)
+        raw = self.step_network(batch["x_num"], batch.get("x_cat"))
+        target = batch["y"]
+        distribution = self.member_distribution(raw)
+        out: Any = {"member_outputs": distribution["member_mean"][..., None], "target": target,
+                    "loss": self.distributional_loss(raw, target)}
+        for key in ("member_variance", "member_quantiles"):
+            if key in distribution:
+                out[key] = distribution[key].detach()
+        return out
+
+    def distributional_loss(self, raw: Tensor, target: Tensor) -> Tensor:
+        """The training loss of a distributional head on standardised targets, mean over rows and members.
+
+        ``gaussian``: the (beta-weighted) Gaussian NLL; ``quantile``: the pinball loss averaged
+        over levels too.
+        """
+        with torch.autocast(raw.device.type, enabled=False):
+            y = (target.float() - float(self.spec.target_mean)) / float(self.spec.target_std)
+            if self.regression_head == "gaussian":
+                mean, variance = gaussian_head(raw)
+                return gaussian_nll(mean, variance, y, float(self.hparams.beta_nll)).mean()
+            return pinball_loss(sorted_quantiles(raw), y, self.quantile_levels).mean()
+
     def build_metrics(self) -> dict[str, Metric]:
-        """The protocol's metrics, and ``rmse_original`` (raw units) for transformed targets."""
+        """The protocol's metrics, and ``rmse_original`` (raw units) for transformed targets.
+
+        A ``gaussian`` head's ``crps`` is the mixture's (``MixtureCRPS``) and it adds ``nll``
+        (``MixtureNLL``); a ``quantile`` head adds ``pinball`` (``QuantileLoss`` of the member-mean
+        quantiles) and ``coverage`` (``IntervalCoverage`` of their outer levels).
+        """
         metrics = super().build_metrics()
         if self.task == "regression" and self.spec.target_transform != "none":
             metrics["rmse_original"] = torchmetrics.MeanSquaredError(squared=False)
+        if self.regression_head == "gaussian":
+            metrics["crps"], metrics["nll"] = MixtureCRPS(), MixtureNLL()
+        elif self.regression_head == "quantile":
+            metrics["pinball"], metrics["coverage"] = QuantileLoss(self.quantile_levels), IntervalCoverage()
         return metrics
 
     def update_metrics(self, metrics: MetricCollection, out: StepOutput) -> int:
-        """The protocol's metrics, plus the RMSE in the raw target's units."""
+        """The protocol's metrics, plus the RMSE in the raw target's units and a head's own scores."""
+        if self.regression_head != "point":
+            return self._update_distributional_metrics(metrics, out)
         n = super().update_metrics(metrics, out)
         if "rmse_original" in metrics:
             prediction = member_values(out["member_outputs"].detach()).mean(1)
             metrics["rmse_original"].update(self.to_original_units(prediction),
                                             self.to_original_units(out["target"].float()))
         return n
+
+    def _update_distributional_metrics(self, metrics: MetricCollection, out: StepOutput) -> int:
+        """``update_metrics`` of a distributional head (the base's, with the head's ``crps``)."""
+        values, target = member_values(out["member_outputs"].detach()), out["target"].float()
+        prediction = values.mean(1)
+        for name in ("rmse", "mae", "r2"):
+            metrics[name].update(prediction, target)
+        if "rmse_original" in metrics:
+            metrics["rmse_original"].update(self.to_original_units(prediction),
+                                            self.to_original_units(target))
+        extra: Any = out
+        if self.regression_head == "gaussian":
+            metrics["crps"].update(values, extra["member_variance"], target)
+            metrics["nll"].update(values, extra["member_variance"], target)
+        else:
+            quantiles = extra["member_quantiles"].mean(1)
+            metrics["crps"].update(values, target)
+            metrics["pinball"].update(quantiles, target)
+            metrics["coverage"].update(quantiles[:, 0], quantiles[:, -1], target)
+        return len(target)
+
+    @override
+    def predict_step(self, batch: dict[str, Tensor], batch_idx: int, dataloader_idx: int = 0) -> Any:  # noqa: ANN401
+        """The protocol's ``prediction`` and ``member_predictions``; a distributional head adds its own.
+
+        ``gaussian``: ``member_variance`` ``(B, K)`` and ``variance`` ``(B,)`` (the mixture's);
+        ``quantile``: ``member_quantiles`` ``(B, K, L)``, ``quantile_lower`` and ``quantile_upper``
+        ``(B,)`` (the interval CQR corrects). These are in the modelled target's units
+        (``prediction`` is in the original ones).
+        """
+        if self.regression_head == "point":
+            return super().predict_step(batch, batch_idx, dataloader_idx)
+        distribution = self.member_distribution(self.step_network(batch["x_num"], batch.get("x_cat")))
+        members = distribution["member_mean"]
+        out = {"prediction": self.to_original_units(members.mean(1)), "member_predictions": members}
+        for key in ("member_variance", "variance", "member_quantiles"):
+            if key in distribution:
+                out[key] = distribution[key]
+        if "lower" in distribution:  # not lower / upper: those name ConformalPrediction's interval
+            out["quantile_lower"], out["quantile_upper"] = distribution["lower"], distribution["upper"]
+        return out
 
     # ------------------------------------------------------------- member selection
     member_selection: MemberSelection | None = None
