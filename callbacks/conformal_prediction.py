@@ -13,7 +13,9 @@ Lightning run, on ``ripieno.framework.uq.conformal`` (whose scores are tested eq
   mean member probabilities, marginal or per class (``mondrian=True``). Regression:
   ``normalized`` (the default with several members): absolute residuals divided by the
   members' spread, so intervals widen where members disagree, with no second model;
-  ``absolute`` (the default with one member): one width for every row.
+  ``absolute`` (the default with one member): one width for every row; ``cqr`` (the default
+  for ``TabularEnsembleModule(regression_head="quantile")``): conformalised quantile
+  regression on the members' mean lowest and highest quantiles.
 * **When.** At the end of every validation epoch of ``fit`` (after the sanity check), on the
   weights just validated, so every checkpoint carries the threshold of its own weights; and
   again at the start of ``test`` / ``predict`` when the datamodule has the calibration rows.
@@ -61,8 +63,8 @@ from ripieno.framework.uq.conformal import (
     min_calibration_rows,
 )
 
-ConformalMethod = Literal["auto", "lac", "aps", "raps", "absolute", "normalized"]
-_METHODS = ("auto", "lac", "aps", "raps", "absolute", "normalized")
+ConformalMethod = Literal["auto", "lac", "aps", "raps", "absolute", "normalized", "cqr"]
+_METHODS = ("auto", "lac", "aps", "raps", "absolute", "normalized", "cqr")
 _SPREAD_FLOOR = 1e-6  # of the calibration rows' median spread: rows where the members agree exactly
 _WEIGHTS_RTOL = 1e-5
 
@@ -79,8 +81,9 @@ class ConformalPrediction(Callback):
 
     Args:
         alpha: the miscoverage allowed, in ``(0, 1)``: sets / intervals cover ``>= 1 - alpha``.
-        method: ``auto`` (``lac`` for classes; ``normalized`` with several members, else
-            ``absolute``, for regression), ``lac``, ``aps``, ``raps``, ``absolute`` or ``normalized``.
+        method: ``auto`` (``lac`` for classes; for regression ``cqr`` with quantile heads, else
+            ``normalized`` with several members, else ``absolute``), ``lac``, ``aps``, ``raps``,
+            ``absolute``, ``normalized`` or ``cqr``.
         mondrian: classification: one threshold per class (coverage within every class).
         calibrate_on: ``calibration`` (the datamodule's ``calibration_dataloader()``) or ``val``
             (the validation rows, which early stopping has seen: an explicit choice).
@@ -127,6 +130,7 @@ class ConformalPrediction(Callback):
         self.spread_floor = 0.0
         self._weights: tuple[float, float] | None = None
         self._kind = "logits"
+        self._quantiles = False
         self._sums: dict[str, Tensor] = {}
 
     @property
@@ -144,21 +148,27 @@ class ConformalPrediction(Callback):
                 raise ValueError(f"ConformalPrediction(method={self.method!r}) makes class sets, but the"
                                  " module's outputs are regression values; use method='auto', 'normalized'"
                                  " or 'absolute'.")
+            if self.method == "cqr" and not self._quantiles:
+                raise ValueError("ConformalPrediction(method='cqr') corrects quantile predictions, but the"
+                                 " module has no quantile head; use"
+                                 " TabularEnsembleModule(regression_head='quantile') or method='auto'.")
             if self.method == "auto":
-                return "normalized" if members > 1 else "absolute"
+                return "cqr" if self._quantiles else "normalized" if members > 1 else "absolute"
             return self.method
-        if self.method in ("absolute", "normalized"):
+        if self.method in ("absolute", "normalized", "cqr"):
             raise ValueError(f"ConformalPrediction(method={self.method!r}) makes intervals, but the module is"
                              " a classifier; use method='auto', 'lac', 'aps' or 'raps'.")
         return "lac" if self.method == "auto" else self.method
 
-    def calibrate_outputs(self, members: Tensor, target: Tensor, kind: str) -> None:
+    def calibrate_outputs(self, members: Tensor, target: Tensor, kind: str,
+                          bounds: tuple[Tensor, Tensor] | None = None) -> None:
         """Calibrate on member predictions of the calibration rows.
 
         Args:
             members: ``(N, M, C)`` probabilities (classification) or ``(N, M)`` values.
             target: ``(N,)`` classes (rows below 0 are skipped) or targets.
             kind: the module's ``member_output_kind`` (``regression`` or a classification kind).
+            bounds: ``cqr``: the lower and upper quantile predictions ``(N,)``.
         """
         members, target = members.detach().double().cpu(), target.detach().cpu()
         method = self._method_for(kind, members.shape[1])
@@ -172,6 +182,11 @@ class ConformalPrediction(Callback):
                 median = float(spread.median()) if len(spread) else 0.0
                 self.spread_floor = _SPREAD_FLOOR * median if median > 0 else 1e-12
                 outputs = (point, spread.clamp_min(self.spread_floor))
+            if method == "cqr":
+                if bounds is None:
+                    raise ValueError("ConformalPrediction(method='cqr') needs the lower and upper quantile"
+                                     " predictions of the calibration rows (bounds=...).")
+                outputs = (bounds[0].detach().double().cpu(), bounds[1].detach().double().cpu())
             self.conformal = conformal.calibrate(outputs, target.double())
         else:
             keep = target >= 0
@@ -196,7 +211,7 @@ class ConformalPrediction(Callback):
         return data.calibration_dataloader()
 
     def _batches(self, trainer: L.Trainer, pl_module: L.LightningModule,
-                 loader: Any) -> Iterator[tuple[Tensor, Tensor]]:  # noqa: ANN401
+                 loader: Any) -> Iterator[tuple[dict[str, Tensor], Tensor]]:  # noqa: ANN401
         for index, batch in enumerate(loader):
             if not isinstance(batch, dict) or self.target_key not in batch:
                 got = f"keys {sorted(batch)}" if isinstance(batch, dict) else type(batch).__name__
@@ -210,7 +225,7 @@ class ConformalPrediction(Callback):
                 raise ValueError(f"ConformalPrediction needs predict_step to return a dict with"
                                  " 'member_predictions' ((B, M, C) probabilities or (B, M) values);"
                                  f" {type(pl_module).__name__}'s does not (see ripieno.framework.members).")
-            yield out["member_predictions"].float(), batch[self.target_key]
+            yield out, batch[self.target_key]
 
     def calibrate(self, trainer: L.Trainer, pl_module: L.LightningModule) -> bool:
         """Calibrate on the calibration rows with the module's current weights; ``False`` if none."""
@@ -227,8 +242,13 @@ class ConformalPrediction(Callback):
         if not parts:
             raise ValueError("ConformalPrediction: the calibration loader has no rows; raise"
                              " calibration_size.")
-        members, target = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
-        self.calibrate_outputs(members, target, self._kind)
+        members = torch.cat([p[0]["member_predictions"].float() for p in parts])
+        target = torch.cat([p[1] for p in parts])
+        bounds = None
+        if self._quantiles:
+            bounds = (torch.cat([p[0]["quantile_lower"] for p in parts]),
+                      torch.cat([p[0]["quantile_upper"] for p in parts]))
+        self.calibrate_outputs(members, target, self._kind, bounds)
         state = trainer.strategy.broadcast(self.state_dict(), src=0)  # every rank keeps rank 0's thresholds
         self.load_state_dict(state)
         self._weights = _weights_fingerprint(pl_module)
@@ -261,6 +281,7 @@ class ConformalPrediction(Callback):
             raise ValueError(f"ConformalPrediction cannot read {type(pl_module).__name__}'s"
                              f" member_output_kind None; {fix}.")
         self._kind = kind
+        self._quantiles = getattr(pl_module, "regression_head", "point") == "quantile"
         self._method_for(kind, 2)  # a classification score on a regressor (or back) stops here
         if stage == "fit" and self.calibrate_on == "calibration":
             data = trainer.datamodule
@@ -307,7 +328,7 @@ class ConformalPrediction(Callback):
             covered = sets.gather(1, target[:, None])[:, 0]
             size, winkler = sets.sum(1).double(), torch.zeros(())
         else:
-            lower, upper = self._intervals(members.cpu())
+            lower, upper = self._intervals(members.cpu(), outputs.get("member_quantiles"))
             y = target.double().cpu()
             covered = (lower <= y) & (y <= upper)
             size = upper - lower
@@ -316,10 +337,19 @@ class ConformalPrediction(Callback):
                             ("size", size.sum()), ("winkler", winkler.sum())):
             self._sums[name] += torch.as_tensor(value, dtype=torch.float64).to(self._sums[name].device)
 
-    def _intervals(self, members: Tensor) -> tuple[Tensor, Tensor]:
-        """Intervals ``(lower, upper)`` of member values ``(B, M)`` in the modelled units."""
+    def _intervals(self, members: Tensor, quantiles: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Intervals ``(lower, upper)`` of member values ``(B, M)`` in the modelled units.
+
+        ``cqr`` reads the member quantiles ``(B, M, L)`` (sorted levels): the members' mean lowest
+        and highest, as ``TabularEnsembleModule.predictive_distribution`` gives them.
+        """
         conformal = self.conformal
         assert conformal is not None
+        if conformal.method == "cqr":
+            if quantiles is None:
+                raise ValueError("ConformalPrediction(method='cqr') needs the step's 'member_quantiles'.")
+            mean = quantiles.detach().double().cpu().mean(1)
+            return conformal.predict_intervals((mean[:, 0], mean[:, -1]))
         point = members.mean(1)
         if conformal.method == "normalized":
             spread = members.std(1, correction=0).clamp_min(self.spread_floor)
@@ -359,7 +389,7 @@ class ConformalPrediction(Callback):
             sets = conformal.predict_sets(members.mean(1), generator=generator)
             outputs["prediction_set"] = sets.to(device)
             return
-        lower, upper = self._intervals(members)
+        lower, upper = self._intervals(members, outputs.get("member_quantiles"))
         to_original = getattr(pl_module, "to_original_units", None)
         if callable(to_original):  # a monotone map (exp for a log target) keeps the coverage
             lower, upper = to_original(lower), to_original(upper)

@@ -179,3 +179,34 @@ def test_mean_coverage_over_random_splits_is_within_the_exact_bounds(tmp_path, t
     values = torch.tensor(coverages, dtype=torch.float64)
     mean, se = float(values.mean()), float(values.std() / len(values) ** 0.5)
     assert 1 - ALPHA - 4 * se <= mean <= 1 - ALPHA + 1 / (n + 1) + 4 * se
+
+
+def test_a_quantile_head_gets_conformalised_quantile_regression(tmp_path, table_csv):
+    L.seed_everything(0)
+    data = _data(table_csv, "regression", calibration_size=0.25)
+    data.setup("fit")
+    model = TabularEnsembleModule(data.spec, k=3, d_block=16, n_blocks=1, regression_head="quantile")
+    conformal = ConformalPrediction(alpha=ALPHA)
+    trainer = _trainer(tmp_path, [conformal])
+    trainer.fit(model, datamodule=data)
+    logged = trainer.test(model, datamodule=data, verbose=False)[0]
+    assert conformal.conformal.method == "cqr"
+
+    def bounds(loader):
+        model.eval()
+        with torch.no_grad():
+            parts = [(model.predictive_distribution(b), b["y"]) for b in loader]
+        return (torch.cat([p[0]["lower"] for p in parts]), torch.cat([p[0]["upper"] for p in parts]),
+                torch.cat([p[1] for p in parts]).double())
+
+    cal_low, cal_high, y_cal = bounds(data.calibration_dataloader())
+    low, high, y = bounds(data.test_dataloader())
+    fitted = SplitConformal("cqr", ALPHA).calibrate((cal_low, cal_high), y_cal)
+    lower, upper = fitted.predict_intervals((low, high))
+    assert torch.allclose(conformal.conformal.thresholds, fitted.thresholds)
+    covered = ((lower <= y) & (y <= upper)).double().mean()
+    assert logged["conformal/test/coverage"] == pytest.approx(float(covered))
+    assert logged["conformal/test/width"] == pytest.approx(float((upper - lower).mean()), rel=1e-5)
+    with pytest.raises(ValueError, match="no quantile head"):
+        plain = TabularEnsembleModule(data.spec, k=2, d_block=8, n_blocks=1)
+        _trainer(tmp_path, [ConformalPrediction(method="cqr")]).fit(plain, datamodule=data)
