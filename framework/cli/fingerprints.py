@@ -109,6 +109,18 @@ def without_keys(config: dict[str, Any], keys: Iterable[str]) -> dict[str, Any]:
     return result
 
 
+ADDED_OPTION_DEFAULTS: dict[str, Any] = {
+    "calibration_size": 0.0,  # TabularDataModule: no calibration rows, the old splits
+    "regression_head": "point",  # TabularEnsembleModule: the old head, bitwise (test_distributional_heads)
+    "quantile_levels": [0.05, 0.5, 0.95],  # read only by regression_head="quantile"
+    "beta_nll": 0.0,  # read only by regression_head="gaussian"
+}
+"""Options added after stores were written, and the value at which each does what the code did before.
+
+A store recorded before an option existed lacks its key; the option at this value is not a change.
+"""
+
+
 def _show(value: Any) -> str:  # noqa: ANN401 - any recorded value
     text = json.dumps(value, sort_keys=True, default=str) if isinstance(value, dict | list) else repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
@@ -128,6 +140,8 @@ def first_difference(old: Any, new: Any, prefix: str = "") -> str | None:  # noq
         for key in [*new, *(k for k in old if k not in new)]:
             where = f"{prefix}.{key}" if prefix else str(key)
             if key not in old:
+                if key in ADDED_OPTION_DEFAULTS and _comparable(new[key]) == ADDED_OPTION_DEFAULTS[key]:
+                    continue  # an option added since, at the default that does what the old code did
                 return f"{where}: absent then, {_show(new[key])} now"
             if key not in new:
                 return f"{where}: {_show(old[key])} then, absent now"
