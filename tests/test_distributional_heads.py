@@ -297,3 +297,12 @@ def test_bad_settings_fail_in_one_line_with_the_fix():
         TabularEnsembleModule(_spec(), regression_head="gaussian", beta_nll=2.0)
     with pytest.raises(RipienoInputError, match="regression_head must be one of"):
         TabularEnsembleModule(_spec(), regression_head="laplace")
+
+
+def test_posterior_samplers_refuse_a_distributional_head():
+    from ripieno.framework.errors import RipienoInputError
+
+    model = TabularEnsembleModule(_spec(mean=0.3, std=1.2), k=2, d_block=8, regression_head="gaussian")
+    with pytest.raises(RipienoInputError, match="regression_head='point'"):
+        model.output_affine  # noqa: B018 - what the samplers read
+    assert TabularEnsembleModule(_spec(mean=0.3, std=1.2), k=2, d_block=8).output_affine == (1.2, 0.3)

@@ -25,6 +25,7 @@ from torch import Tensor
 from torchmetrics import Metric, MetricCollection
 from typing_extensions import override
 
+from ripieno.framework.errors import RipienoInputError
 from ripieno.framework.members import (
     StepOutput,
     member_output_kind_of_task,
@@ -207,7 +208,16 @@ class TabularEnsembleModule(TabularPredictionMixin, MemberModule):
     # ----------------------------------------------------------------- model interface
     @property
     def output_affine(self) -> tuple[float, float]:
-        """``(scale, shift)`` from raw outputs to the modelled target's units (regression)."""
+        """``(scale, shift)`` from raw outputs to the modelled target's units (regression).
+
+        Read by the posterior samplers, which take each member's raw output as one standardised
+        value: a distributional head (two or more outputs per member) is refused there.
+        """
+        if self.task == "regression" and self.regression_head != "point":
+            raise RipienoInputError(f"Posterior samplers read one standardised value per member, but"
+                                    f" regression_head={self.regression_head!r} outputs several; use"
+                                    " regression_head='point' with LastLayerSampler, SWAG, MC-dropout or"
+                                    " Laplace.")
         if self.task == "regression":
             return float(self.spec.target_std), float(self.spec.target_mean)
         return 1.0, 0.0
