@@ -32,6 +32,7 @@ SOURCES: dict[str, str] = {
     "lometab": "experiments.claims_lometab",
     "benchmark": "experiments.claims_benchmark",
     "uq": "experiments.claims_uq",
+    "glm_regression": "experiments.claims_glm_regression",
     "mcover": "experiments.claims_mcover",
     "mcover_tuning": "experiments.claims_mcover_tuning",
     "loes": "experiments.claims_loes",
