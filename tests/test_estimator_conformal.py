@@ -116,3 +116,37 @@ def test_a_new_fit_drops_what_was_calibrated_on_the_old_weights():
         assert not hasattr(clf, attribute)
     with pytest.raises(Exception, match="conformalize|not fitted"):
         clf.predict_set(x_cal)
+
+
+def test_a_gaussian_head_gives_the_members_mixture():
+    X, y = load_diabetes(return_X_y=True)
+    reg = EnsembleRegressor(**{**SMALL, "regression_head": "gaussian"}).fit(X[:300], y[:300])
+    out = reg.predict_distribution(X[300:])
+    np.testing.assert_allclose(out["mean"], reg.predict(X[300:]), rtol=1e-5)  # the members' mean
+    means, variances = out["member_mean"], out["member_variance"]
+    np.testing.assert_allclose(out["variance"], variances.mean(1) + means.var(1), rtol=1e-5)
+    assert (variances > 0).all()
+
+
+def test_a_quantile_head_is_conformalised_by_cqr():
+    from ripieno.framework.uq.conformal import SplitConformal
+
+    X, y = load_diabetes(return_X_y=True)
+    x_train, x_cal, x_test, y_train, y_cal, y_test = _three_ways(X, y, stratify=False)
+    reg = EnsembleRegressor(**{**SMALL, "regression_head": "quantile"}).fit(x_train, y_train)
+    intervals = reg.conformalize(x_cal, y_cal, alpha=0.1).predict_interval(x_test)
+    assert reg.conformal_.method == "cqr"
+    cal, test = reg.predict_distribution(x_cal), reg.predict_distribution(x_test)
+    direct = SplitConformal("cqr", 0.1).calibrate((cal["lower"], cal["upper"]), y_cal)
+    lower, upper = direct.predict_intervals((test["lower"], test["upper"]))
+    np.testing.assert_allclose(intervals, np.stack([lower.numpy(), upper.numpy()], 1))
+    with pytest.raises(ValueError, match="regression_head='quantile'"):
+        EnsembleRegressor(**SMALL).fit(x_train, y_train).conformalize(x_cal, y_cal, method="cqr")
+    with pytest.raises(ValueError, match="distributional head"):
+        EnsembleRegressor(**{**SMALL, "max_epochs": 1}).fit(x_train, y_train).predict_distribution(x_cal)
+
+
+def test_a_classifier_refuses_a_regression_head():
+    X, y = load_wine(return_X_y=True)
+    with pytest.raises(ValueError, match="regression_head|classification"):
+        EnsembleClassifier(**{**SMALL, "regression_head": "gaussian"}).fit(X, y)

@@ -177,6 +177,7 @@ PARAMETERS: dict[str, Constraint] = {
     "random_state": Constraint("seed", none=True),
     "verbose": Constraint("bool"),
     "trainer_kwargs": Constraint("dict", none=True),
+    "regression_head": Constraint("str", choices=("point", "gaussian", "quantile")),
 }
 """What each constructor parameter of the estimators accepts, checked by ``fit`` before anything else."""
 
@@ -252,6 +253,7 @@ class _TabularEnsembleEstimator(BaseEstimator):
         random_state: int | np.random.RandomState | None = None,
         verbose: bool = False,
         trainer_kwargs: dict[str, Any] | None = None,
+        regression_head: str = "point",
     ) -> None:
         self.adapter = adapter
         self.k = k
@@ -274,6 +276,7 @@ class _TabularEnsembleEstimator(BaseEstimator):
         self.random_state = random_state
         self.verbose = verbose
         self.trainer_kwargs = trainer_kwargs
+        self.regression_head = regression_head
 
     def __sklearn_tags__(self) -> Any:  # noqa: ANN401
         tags = super().__sklearn_tags__()
@@ -404,6 +407,8 @@ class _TabularEnsembleEstimator(BaseEstimator):
         kwargs.update(ADAPTERS[self.adapter])
         if self.sigma_init is not None:
             kwargs["sigma_init"] = _plain(self.sigma_init)
+        if self.regression_head != "point":  # the module refuses a distributional head on classes
+            kwargs["regression_head"] = self.regression_head
         return kwargs
 
     def _loader(self, x: tuple[np.ndarray, np.ndarray], y: np.ndarray, *, shuffle: bool,
@@ -474,6 +479,9 @@ class EnsembleClassifier(ClassifierMixin, _TabularEnsembleEstimator):
         random_state: seed (or ``RandomState``) of the model init, split and shuffling.
         verbose: show Lightning's progress bar and messages.
         trainer_kwargs: extra ``lightning.Trainer`` arguments (e.g. ``accelerator``).
+        regression_head: ``EnsembleRegressor`` only: ``point`` (one value per member, squared
+            error), ``gaussian`` (mean and variance, Gaussian NLL) or ``quantile`` (5%, 50% and
+            95% quantiles, pinball loss); ``TabularEnsembleModule``'s ``regression_head``.
 
     Attributes:
         classes_: the class labels.
@@ -627,13 +635,41 @@ class EnsembleRegressor(RegressorMixin, _TabularEnsembleEstimator):
         """Every member's prediction ``(n, k)`` (their spread is the ensemble's uncertainty)."""
         return self._member_predictions(X).double().numpy()
 
+    def predict_distribution(self, X: Any) -> dict[str, np.ndarray]:  # noqa: ANN401, N803
+        """The predictive distribution of a distributional head, in ``y``'s units.
+
+        ``gaussian``: ``mean`` and ``variance`` of the members' mixture (mean of the members'
+        variances plus the variance of their means), with ``member_mean`` and ``member_variance``
+        ``(n, k)``. ``quantile``: ``quantiles`` ``(n, L)`` (the members' mean, at
+        ``quantile_levels``), ``lower`` and ``upper`` (the outer levels), ``member_quantiles``.
+
+        Raises:
+            ValueError: ``regression_head="point"`` (no distribution beyond the members' spread).
+        """
+        check_is_fitted(self, "model_")
+        if self.regression_head == "point":
+            raise ValueError("predict_distribution needs a distributional head: EnsembleRegressor("
+                             "regression_head='gaussian' or 'quantile'); with 'point', predict_members gives"
+                             " the members' spread.")
+        model = self.model_
+        frame = self._frame(X, reset=False)
+        x_num, x_cat = model.preprocessor.transform(frame)
+        model.eval()
+        parts: list[dict[str, torch.Tensor]] = []
+        with torch.no_grad():
+            for start in range(0, len(frame), 8192):
+                batch = {"x_num": torch.as_tensor(x_num[start:start + 8192]),
+                         "x_cat": torch.as_tensor(x_cat[start:start + 8192])}
+                parts.append(model.predictive_distribution(batch))
+        return {key: torch.cat([part[key] for part in parts]).double().numpy() for key in parts[0]}
+
     def conformalize(
         self,
         X: Any,  # noqa: ANN401, N803
         y: Any,  # noqa: ANN401
         *,
         alpha: float = 0.1,
-        method: Literal["normalized", "absolute"] | None = None,
+        method: Literal["normalized", "absolute", "cqr"] | None = None,
     ) -> EnsembleRegressor:
         """Calibrate prediction intervals (split conformal) on held-out rows ``X``, ``y``.
 
@@ -647,15 +683,28 @@ class EnsembleRegressor(RegressorMixin, _TabularEnsembleEstimator):
             method: ``normalized`` (the default with ``k > 1``): residuals over the members' spread, so
                 intervals are wide where the members disagree, from the ensemble itself with no second
                 model; ``absolute`` (the default with one member): one width for every row, as MAPIE's
-                ``SplitConformalRegressor(conformity_score="absolute")``. The spread is floored at a
+                ``SplitConformalRegressor(conformity_score="absolute")``; ``cqr`` (the default with
+                ``regression_head="quantile"``): conformalised quantile regression of the outer
+                quantiles. The spread is floored at a
                 millionth of its median on the calibration rows, so that a row where the members agree
                 exactly still gets an interval.
 
         Returns:
             self, with ``conformal_`` (a calibrated ``SplitConformal``) and ``spread_floor_``.
         """
-        method = method or ("normalized" if self.k > 1 else "absolute")
+        if method is None:
+            spread_based = "normalized" if self.k > 1 else "absolute"
+            method = "cqr" if self.regression_head == "quantile" else spread_based
+        if method == "cqr" and self.regression_head != "quantile":
+            raise ValueError("conformalize(method='cqr') corrects quantile predictions: fit with"
+                             " regression_head='quantile', or use method='normalized' or 'absolute'.")
         y = self._encode_y(y, fit=False)
+        if method == "cqr":
+            quantiles = self.predict_distribution(X)
+            self.spread_floor_ = 0.0
+            bounds = (quantiles["lower"], quantiles["upper"])
+            self.conformal_ = SplitConformal("cqr", alpha).calibrate(bounds, y)
+            return self
         point, spread = self._point_and_spread(X)
         self.spread_floor_ = 0.0
         outputs: Any = point
@@ -673,6 +722,10 @@ class EnsembleRegressor(RegressorMixin, _TabularEnsembleEstimator):
     def predict_interval(self, X: Any) -> np.ndarray:  # noqa: ANN401, N803
         """Intervals ``(n, 2)``: lower and upper bounds in ``y``'s units (call ``conformalize`` first)."""
         check_is_fitted(self, "conformal_")
+        if self.conformal_.method == "cqr":
+            quantiles = self.predict_distribution(X)
+            lower, upper = self.conformal_.predict_intervals((quantiles["lower"], quantiles["upper"]))
+            return np.stack([lower.numpy(), upper.numpy()], axis=1)
         point, spread = self._point_and_spread(X)
         outputs: Any = point
         if self.conformal_.method == "normalized":
