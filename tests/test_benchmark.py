@@ -59,6 +59,7 @@ def test_scores_match_their_definitions():
     y = np.array([0, 1, 2, 1])
     proba = np.array([[0.7, 0.2, 0.1], [0.1, 0.8, 0.1], [0.3, 0.3, 0.4], [0.6, 0.3, 0.1]])
     result = scores("multiclass", y, proba, 3)
+    assert set(result) == {"accuracy", "nll", "ece", "brier"}  # ECE and Brier: test_benchmark_uncertainty.py
     assert result["accuracy"] == 0.75
     assert result["nll"] == pytest.approx(-np.mean(np.log([0.7, 0.8, 0.4, 0.3])))
     assert scores("regression", np.array([1.0, 3.0]), np.array([2.0, 2.0]))["rmse"] == pytest.approx(1.0)

@@ -17,11 +17,12 @@ Rules, so that a benchmark can be stopped and continued and shared:
 * a cell claimed by two workers at once (each through its own new trial) runs once: the later trial
   sees the earlier one running or complete and stops before fitting (marked ``ripieno_duplicate``);
 * a cell records its *fingerprint* (``cell_fingerprint``: the model's kind, parameters and space,
-  the datamodule's arguments and the table's identity, the tuning settings): a finished cell counts
+  the datamodule's arguments and the table's identity, the tuning settings, the conformal
+  settings that decide the calibration and training rows): a finished cell counts
   as done only for the fingerprint it was fitted with. The command refuses to go on when finished
   cells were made from other inputs, or, asked to (``--refit_changed``), fits them again;
   cells of a store made before fingerprints were recorded are taken as made from the current file
-  (``adopt_unrecorded``), once, and said so.
+  without its conformal settings, which they predate (``adopt_unrecorded``), once, and said so.
 
 The tuned protocol runs, inside the first cell of a (data set, model), a ``ripieno tune``-style
 study ``benchmark:<name>:tune:<data set>:<model>:<fingerprint digest>`` (TPE over the model's
@@ -45,6 +46,7 @@ from optuna.trial import FrozenTrial, Trial, TrialState
 
 from ripieno.framework.cli.benchmark.config import BenchmarkConfig, datamodule_class
 from ripieno.framework.cli.benchmark.models import PRIMARY, FitResult, fit_and_score
+from ripieno.framework.cli.benchmark.uncertainty import ConformalSettings, calibration_splits
 from ripieno.framework.cli.error_lines import one_line_error
 from ripieno.framework.cli.fingerprints import digest, first_difference
 from ripieno.framework.cli.tune.space import SearchSpace
@@ -110,6 +112,10 @@ def cell_fingerprint(
 ) -> dict[str, Any]:
     """What decides ``cell``'s result: the model, the datamodule's arguments, the table, the tuning.
 
+    And the conformal settings (``ConformalSettings.fingerprint``: the calibration rows, which the
+    training rows give up, and ``alpha``), except with ``calibrate_on: none``, whose cells fit and
+    score as those of a store made before conformal scores existed.
+
     Args:
         config: the benchmark.
         cell: the cell.
@@ -124,6 +130,9 @@ def cell_fingerprint(
             "table": tables[cell.dataset],
         },
     }
+    conformal = config.conformal.fingerprint()
+    if conformal is not None:
+        fingerprint["conformal"] = conformal
     if cell.protocol == "tuned":
         fingerprint["model"]["space"] = spec.space
         fingerprint["tuning"] = asdict(config.tuning)
@@ -153,11 +162,13 @@ def adopt_unrecorded(study: optuna.Study, fingerprints: dict[str, dict[str, Any]
     """Record the current fingerprint for finished cells an older ripieno fitted without one; how many.
 
     Only cells of this command (``fingerprints``' keys) are adopted; a finished trial cannot take a
-    new attribute, so the study keeps them (``ADOPTED_ATTR``).
+    new attribute, so the study keeps them (``ADOPTED_ATTR``). Such a cell predates the conformal
+    settings too: it was fitted on every training row, so it is adopted without them (as
+    ``calibrate_on: none``), and a file that carves calibration rows finds it changed.
     """
     adopted = dict(study.user_attrs.get(ADOPTED_ATTR) or {})
     new = {
-        str(t.number): fingerprints[t.user_attrs[CELL_ATTR]]
+        str(t.number): {k: v for k, v in fingerprints[t.user_attrs[CELL_ATTR]].items() if k != "conformal"}
         for t in study.get_trials(deepcopy=False)
         if _finished(t)
         and t.user_attrs[CELL_ATTR] in fingerprints
@@ -239,9 +250,13 @@ class DataCache:
     tables: dict[str, TableSplits] = field(default_factory=dict)
 
     def get(self, name: str) -> TableSplits:
-        """The splits of data set ``name`` (the benchmark's ``data`` settings, then the entry's own)."""
+        """The splits of data set ``name`` (the benchmark's ``data`` settings, then the entry's own).
+
+        With ``conformal.calibrate_on: train``, the calibration rows are carved from the training
+        rows here (``calibration_splits``), before any model sees them.
+        """
         if name not in self.tables:
-            self.tables[name] = load_table(self.config, name)
+            self.tables[name] = calibration_splits(load_table(self.config, name), self.config.conformal)
         return self.tables[name]
 
 
@@ -265,12 +280,25 @@ class _Skip(Exception):  # noqa: N818 - not an error: a surplus tuning trial tha
     pass
 
 
-def result_attrs(result: FitResult, data: TableSplits, params: dict[str, Any]) -> dict[str, Any]:
-    """What a completed cell records (``results.csv`` columns), the test split's size among them."""
+def result_attrs(
+    result: FitResult,
+    data: TableSplits,
+    params: dict[str, Any],
+    conformal: ConformalSettings | None = None,
+) -> dict[str, Any]:
+    """What a completed cell records (``results.csv`` columns), the test split's size among them.
+
+    Where the fit scored conformal sets or intervals, also ``conformal``'s ``alpha`` and
+    ``calibrate_on``, and ``calibration_rows``.
+    """
     test = np.asarray(data.targets["test"])
     smallest = None
     if data.n_classes:
         smallest = int(np.bincount(test.astype(int), minlength=data.n_classes).min())
+    calibration = {}
+    if conformal is not None and result.calibration_rows:
+        calibration = {"alpha": conformal.alpha, "calibrate_on": conformal.calibrate_on,
+                       "calibration_rows": result.calibration_rows}
     return {
         **{f"test_{k}": v for k, v in result.test.items()},
         **{f"val_{k}": v for k, v in result.val.items()},
@@ -282,6 +310,7 @@ def result_attrs(result: FitResult, data: TableSplits, params: dict[str, Any]) -
         "test_rows": data.rows()["test"],
         "test_smallest_class": smallest,
         "params": json.dumps(params, sort_keys=True),
+        **calibration,
     }
 
 
@@ -379,13 +408,13 @@ def run_cell(
                 if cell.protocol == "tuned"
                 else {}
             )
-            result = fit_and_score(spec, data, cell.seed, params)
+            result = fit_and_score(spec, data, cell.seed, params, config.conformal)
     except Exception as error:
         trial.set_user_attr(
             ERROR_ATTR, one_line_error(error) or f"{type(error).__name__}: {first_line(error)}"
         )
         raise
-    attrs = result_attrs(result, data, params)
+    attrs = result_attrs(result, data, params, config.conformal)
     for name, value in attrs.items():
         trial.set_user_attr(name, value)
     metric, _ = PRIMARY[data.task]
@@ -396,12 +425,18 @@ def tuning_study_name(config: BenchmarkConfig, cell: Cell, fingerprint: dict[str
     """The tuning study of ``cell``'s (data set, model): its name ends with its fingerprint's digest.
 
     So a changed model, space, table or tuning setting starts a new study rather than mixing trials
-    of two setups; ``None`` (no fingerprint given) names the study without a digest.
+    of two setups; ``None`` (no fingerprint given) names the study without a digest. Of the
+    conformal settings only the carve of the training rows counts (trials score the validation
+    rows: ``alpha`` or calibrating on them changes no trial).
     """
     name = f"{study_name(config)}:tune:{cell.dataset}:{cell.model}"
     if fingerprint is None:
         return name
-    return f"{name}:{digest(fingerprint)}"
+    decisive = {k: v for k, v in fingerprint.items() if k != "conformal"}
+    conformal = fingerprint.get("conformal") or {}
+    if conformal.get("calibrate_on") == "train":
+        decisive["calibration"] = {k: conformal[k] for k in ("calibration_size", "seed")}
+    return f"{name}:{digest(decisive)}"
 
 
 def tuned_params(

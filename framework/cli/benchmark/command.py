@@ -2,14 +2,15 @@
 
 ``ripieno benchmark -c benchmarks/tabular_cpu`` fits each (data set, model, seed) cell of the file
 (``config``) once, records it in a store in the output folder (``runs/benchmark/<name>``), and writes
-``results.csv`` (one row per finished cell), ``report.md`` and ``ranks.png``. Run the same command
-again to continue a stopped benchmark (finished cells are never rerun); ``--workers N`` runs N
-processes here, and commands on several machines given one ``--storage`` (``ripieno tune``'s
-storages: a database URL or a journal file on a shared disk) split the cells between them.
+``results.csv`` (one row per finished cell), ``report.md``, ``ranks.png`` and ``coverage.png``. Run
+the same command again to continue a stopped benchmark (finished cells are never rerun);
+``--workers N`` runs N processes here, and commands on several machines given one ``--storage``
+(``ripieno tune``'s storages: a database URL or a journal file on a shared disk) split the cells
+between them.
 
 The output folder holds one benchmark and nothing of the user's (``store_folders``). Each cell
 records what decided its result (``cells.cell_fingerprint``): a rerun whose file changed a
-finished cell's model, data arguments or table is refused, naming the first change, unless
+finished cell's model, data arguments, table or conformal settings is refused, naming the first change, unless
 ``--refit_changed`` fits those cells again (the report says which). Ctrl-C stops the running cell
 (it runs again when the command is repeated), writes the report from the store and says so; a
 benchmark none of whose cells finished ends with a non-zero status.
@@ -38,7 +39,7 @@ from ripieno.framework.cli.benchmark.config import (
     table_identity,
 )
 from ripieno.framework.cli.benchmark.models import GBDT_KINDS, PRIMARY
-from ripieno.framework.cli.benchmark.report import rank_figure, render, summary
+from ripieno.framework.cli.benchmark.report import coverage_figure, rank_figure, render, summary
 from ripieno.framework.cli.fingerprints import first_difference
 from ripieno.framework.cli.help_text import plain
 from ripieno.framework.cli.interrupts import fits_interrupted, join_workers, stop_with_parent
@@ -88,8 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--refit_changed",
         action="store_true",
-        help="fit again the finished cells whose model, data arguments or table changed since"
-        " (without it, such a rerun is refused)",
+        help="fit again the finished cells whose model, data arguments, table or conformal settings"
+        " changed since (without it, such a rerun is refused)",
     )
     parser.add_argument(
         "--report_only", action="store_true", help="write results.csv and report.md, fit nothing"
@@ -376,7 +377,7 @@ def write_outputs(
     total: int,
     fingerprints: dict[str, dict[str, Any]] | None = None,
 ) -> pd.DataFrame:
-    """``results.csv``, ``report.md`` and ``ranks.png`` from the store (each written atomically).
+    """``results.csv``, ``report.md``, ``ranks.png`` and ``coverage.png`` from the store (each atomically).
 
     Returns:
         The rows of ``results.csv``.
@@ -392,7 +393,8 @@ def write_outputs(
         log.info(f"ripieno: benchmark {config.name}: no cell finished yet; results {out / 'results.csv'}")
         return frame
     figure = rank_figure(summary(complete), out / "ranks.png")
-    text = render(complete, config.name, figure=figure, total=total)
+    coverage = coverage_figure(complete, out / "coverage.png")
+    text = render(complete, config.name, figure=figure, total=total, coverage=coverage)
     if failed:
         text += f"\n{failed} cells failed by their own error (results.csv, column ripieno_error).\n"
     refitted = int(frame[cells.REFIT_ATTR].notna().sum()) if cells.REFIT_ATTR in frame else 0

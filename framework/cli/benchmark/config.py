@@ -17,7 +17,13 @@ YAML path. Keys::
       xgboost: {kind: xgboost}
     tuning: {n_trials: 20, startup_trials: 10}   # the tuned protocol's study per table and model
     common: {ensemble: {max_epochs: 30}}         # params every model of a kind gets (its own win)
+    conformal: {alpha: 0.1, calibration_size: 0.1, calibrate_on: train, seed: 0}   # these defaults
     base: benchmarks/tabular_cpu                 # start from another file; keys here replace its keys
+
+``conformal`` decides the uncertainty scores' calibration rows (``uncertainty.ConformalSettings``):
+``calibrate_on: train`` carves ``calibration_size`` of the table's rows from the training rows
+(stratified, ``seed``) before any model is fitted; ``val`` calibrates on the validation rows that
+early stopping has seen, on purpose; ``none`` scores no conformal sets or intervals.
 
 Every problem (an unknown key, model kind, data set or protocol, an empty list) is one line
 naming it and the closest valid word, before any model trains.
@@ -43,6 +49,7 @@ from typing import Any
 import lightning as L
 
 from ripieno.framework.cli.benchmark.models import KINDS, ModelSpec, check_params
+from ripieno.framework.cli.benchmark.uncertainty import CALIBRATE_ON, ConformalSettings
 from ripieno.framework.cli.fingerprints import data_files
 from ripieno.framework.cli.recipes import BENCHMARKS_FOLDER, RECIPES_DIR
 from ripieno.framework.cli.recipes import list_benchmarks as _shipped
@@ -64,6 +71,7 @@ KEYS: tuple[str, ...] = (
     "tuning",
     "common",
     "data_class",
+    "conformal",
     "base",
 )
 DATA_CLASS = "ripieno.datamodules.TabularDataModule"
@@ -110,6 +118,7 @@ class BenchmarkConfig:
     models: tuple[ModelSpec, ...]
     data: dict[str, Any] = field(default_factory=dict)
     tuning: TuningSettings = field(default_factory=TuningSettings)
+    conformal: ConformalSettings = field(default_factory=ConformalSettings)
     data_class: str = DATA_CLASS
     description: str = ""
     source: str = ""
@@ -247,8 +256,14 @@ def load_benchmark(name: str | Path, known: tuple[str, ...] = ()) -> BenchmarkCo
     data = raw.get("data") or {}
     if not isinstance(data, dict):
         raise BenchmarkConfigError(f"{where}: data must be a mapping of TabularDataModule arguments.")
+    if any("calibration_size" in args for args in [data, *(d.args for d in datasets)]):
+        raise BenchmarkConfigError(
+            f"{where}: calibration_size is a key of conformal, not of a data set's arguments (the benchmark"
+            " carves the calibration rows itself); move it to conformal: {calibration_size: ...}."
+        )
     data_class = raw.get("data_class", DATA_CLASS)
     datamodule_class(data_class, where)
+    conformal = _conformal(raw.get("conformal"), where)
     tuning = raw.get("tuning") or {}
     try:
         settings = TuningSettings(**tuning)
@@ -266,6 +281,7 @@ def load_benchmark(name: str | Path, known: tuple[str, ...] = ()) -> BenchmarkCo
         models=models,
         data=dict(data),
         tuning=settings,
+        conformal=conformal,
         data_class=data_class,
         description=str(raw.get("description", "")),
         source=str(path),
@@ -328,6 +344,38 @@ def _model(name: str, spec: Any, common: dict[str, Any], where: str) -> ModelSpe
         except RipienoInputError as error:
             raise BenchmarkConfigError(f"{where}: model {name!r}: {error}") from None
     return ModelSpec(name=str(name), kind=kind, params=params, space=space)
+
+
+def _conformal(value: Any, where: str) -> ConformalSettings:  # noqa: ANN401
+    """The ``conformal`` mapping, each key checked (defaults for the keys it leaves out)."""
+    if value is None:
+        return ConformalSettings()
+    fields = list(ConformalSettings.__dataclass_fields__)
+    if not isinstance(value, dict):
+        raise BenchmarkConfigError(
+            f"{where}: conformal must be a mapping with keys {fields}, got {value!r}."
+        )
+    bad = next((k for k in value if k not in fields), None)
+    if bad is not None:
+        raise BenchmarkConfigError(f"{where}: conformal has no key {bad!r}{_closest(bad, fields)}.")
+    for key, meaning in (("alpha", "the miscoverage, e.g. 0.1 for 90%"),
+                         ("calibration_size", "a fraction of the table's rows, e.g. 0.1")):
+        number = value.get(key, 0.5)
+        if isinstance(number, bool) or not isinstance(number, int | float) or not 0.0 < number < 1.0:
+            raise BenchmarkConfigError(
+                f"{where}: conformal.{key} must be a number in (0, 1), {meaning}; got {number!r}."
+            )
+    calibrate_on = value.get("calibrate_on", "train")
+    if calibrate_on not in CALIBRATE_ON:
+        raise BenchmarkConfigError(
+            f"{where}: conformal.calibrate_on {calibrate_on!r} is not one of {list(CALIBRATE_ON)}"
+            f"{_closest(str(calibrate_on), CALIBRATE_ON)}."
+        )
+    seed = value.get("seed", 0)
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise BenchmarkConfigError(f"{where}: conformal.seed must be an integer, got {seed!r}.")
+    return ConformalSettings(**{k: float(v) if k in ("alpha", "calibration_size") else v
+                                for k, v in value.items()})
 
 
 def _datasets(value: Any, known: tuple[str, ...], where: str) -> tuple[DatasetEntry, ...]:  # noqa: ANN401

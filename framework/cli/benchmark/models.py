@@ -11,7 +11,12 @@ on its validation rows and scored on its test rows by :func:`scores`:
   ``catboost``), with their native categorical and missing-value handling and early stopping on
   the same validation rows; every other setting is the library's default unless ``params`` says
   otherwise (``n_estimators`` is raised to a cap so that early stopping, not the default count,
-  ends training: the usual way to run them with a validation split).
+  ends training: the usual way to run them with a validation split). CatBoost regression with
+  ``loss_function: RMSEWithUncertainty`` predicts a Gaussian per row (``GaussianCatBoost``).
+
+With conformal settings (``uncertainty.ConformalSettings``), a fit is also scored by its
+uncertainty (``uncertainty``'s module docstring): calibration, conformal sets and intervals on the
+test rows, and a regressor's predictive distribution where it has one.
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ import numpy as np
 import pandas as pd
 from sklearn.metrics import accuracy_score, log_loss, root_mean_squared_error
 
+from ripieno.framework.cli.benchmark import uncertainty
+from ripieno.framework.cli.benchmark.uncertainty import PREDICTIVE_DISTRIBUTION, ConformalSettings
 from ripieno.framework.errors import RipienoInputError
 from ripieno.framework.extras import require
 from ripieno.framework.specs.table_splits import TableSplits
@@ -37,6 +44,8 @@ EARLY_STOPPING_ROUNDS = 50
 GBDT_ESTIMATORS_CAP = 4000
 """Trees at most, for xgboost and lightgbm (their default of 100 is a count, not a cap; early stopping
 on the validation rows ends training). CatBoost keeps its default of 1,000 iterations."""
+GAUSSIAN_CATBOOST_LOSS = "RMSEWithUncertainty"
+"""CatBoost's regression loss that predicts a mean and a variance per row (``GaussianCatBoost``)."""
 MISSING_CATEGORY = "<missing>"
 """CatBoost's category for a missing value (it takes no NaN in a categorical column)."""
 PRIMARY: dict[str, tuple[str, str]] = {
@@ -75,6 +84,7 @@ class FitResult:
         seconds: wall seconds of ``fit``.
         n_parameters: trainable parameters (ensembles) or tree nodes (GBDTs).
         iterations: epochs (ensembles) or trees kept by early stopping (GBDTs).
+        calibration_rows: rows the conformal scores were calibrated on (0: none were scored).
     """
 
     test: dict[str, float]
@@ -82,6 +92,7 @@ class FitResult:
     seconds: float
     n_parameters: int
     iterations: int
+    calibration_rows: int = 0
 
 
 def check_params(kind: str, names: list[str], where: str) -> None:
@@ -111,7 +122,7 @@ def check_params(kind: str, names: list[str], where: str) -> None:
 def scores(
     task: str, y: np.ndarray, prediction: np.ndarray, n_classes: int | None = None
 ) -> dict[str, float]:
-    """Accuracy and NLL (classification, from probabilities) or RMSE (regression).
+    """Accuracy, NLL, ECE and Brier (classification, from probabilities) or RMSE (regression).
 
     Args:
         task: ``regression``, ``binary`` or ``multiclass``.
@@ -120,36 +131,42 @@ def scores(
         n_classes: the number of classes (the probabilities' columns).
 
     Returns:
-        {metric: value}.
+        {metric: value}; ECE and Brier as ``uncertainty.calibration_scores``.
 
     Example:
         >>> scores("regression", np.array([0.0, 2.0]), np.array([1.0, 1.0]))
         {'rmse': 1.0}
         >>> s = scores("binary", np.array([0, 1]), np.array([[0.8, 0.2], [0.4, 0.6]]), 2)
-        >>> s["accuracy"], round(s["nll"], 4)
-        (1.0, 0.367)
+        >>> s["accuracy"], round(s["nll"], 4), round(s["brier"], 2)
+        (1.0, 0.367, 0.2)
     """
     if task == "regression":
         return {"rmse": float(root_mean_squared_error(y, prediction))}
     labels = list(range(n_classes if n_classes is not None else prediction.shape[1]))
-    proba = np.clip(np.asarray(prediction, dtype=np.float64), 1e-12, 1.0)
-    proba = proba / proba.sum(1, keepdims=True)
+    proba = uncertainty.probabilities(prediction)
     return {
         "accuracy": float(accuracy_score(y, proba.argmax(1))),
         "nll": float(log_loss(y, proba, labels=labels)),
+        **uncertainty.calibration_scores(y, proba),
     }
 
 
 def fit_and_score(
-    spec: ModelSpec, data: TableSplits, seed: int, params: dict[str, Any] | None = None
+    spec: ModelSpec,
+    data: TableSplits,
+    seed: int,
+    params: dict[str, Any] | None = None,
+    conformal: ConformalSettings | None = None,
 ) -> FitResult:
     """Fit ``spec`` (with ``params`` over its own) on ``data``'s training rows and score it.
 
     Args:
         spec: the model.
-        data: the table's splits.
+        data: the table's splits (with a ``cal`` split where ``conformal`` carves one:
+            ``uncertainty.calibration_splits``).
         seed: the model's random seed (the split is the data's own).
         params: values that replace ``spec.params`` (the tuned protocol's draws).
+        conformal: score conformal sets or intervals on the test rows too (``None``: not).
 
     Returns:
         The fit's scores, time and size.
@@ -161,21 +178,92 @@ def fit_and_score(
         "lightgbm": _fit_lightgbm,
         "catboost": _fit_catboost,
     }[spec.kind]
+    calibrate = conformal.split if conformal is not None else None
+    if calibrate is not None and calibrate not in data.features:
+        raise RipienoInputError(
+            "conformal.calibrate_on: train needs the table's calibration rows; carve them with"
+            " uncertainty.calibration_splits before fitting."
+        )
     start = time.perf_counter()
     model, n_parameters, iterations, prepare = fit(data, merged, seed)
     seconds = time.perf_counter() - start
+    outputs = {
+        split: _predict(model, data.task, prepare(data.features[split]))
+        for split in dict.fromkeys(("val", "test", *([calibrate] if calibrate else [])))
+    }
     results = {}
     for split in ("val", "test"):
-        x = prepare(data.features[split])
-        prediction = model.predict(x) if data.task == "regression" else model.predict_proba(x)
-        results[split] = scores(data.task, data.targets[split], np.asarray(prediction), data.n_classes)
+        results[split] = scores(data.task, data.targets[split], outputs[split], data.n_classes)
+        distribution = _distribution(model, data.task, prepare(data.features[split]))
+        if distribution is not None:
+            results[split].update(uncertainty.distribution_scores(data.targets[split], *distribution))
+    if calibrate is not None:
+        assert conformal is not None
+        results["test"].update(_conformal_scores(model, data, prepare, outputs, calibrate, conformal))
     return FitResult(
         test=results["test"],
         val=results["val"],
         seconds=seconds,
         n_parameters=n_parameters,
         iterations=iterations,
+        calibration_rows=len(data.targets[calibrate]) if calibrate else 0,
     )
+
+
+def _predict(model: Any, task: str, x: pd.DataFrame) -> np.ndarray:  # noqa: ANN401
+    """Predicted targets ``(n,)`` or probabilities ``(n, C)``."""
+    return np.asarray(model.predict(x) if task == "regression" else model.predict_proba(x))
+
+
+def _distribution(model: Any, task: str, x: pd.DataFrame) -> tuple[np.ndarray, np.ndarray] | None:  # noqa: ANN401
+    """A regressor's predictive ``(mean, variance)`` (``uncertainty.PREDICTIVE_DISTRIBUTION``), or ``None``.
+
+    ``None`` where the model has no such method, or its method returns ``None`` (a model whose
+    estimator class offers the method, fitted without a distribution, e.g. a point head).
+    """
+    if task != "regression":
+        return None
+    if getattr(model, "regression_head", None) == "gaussian":  # EnsembleRegressor: the members' Gaussians
+        members = model.predict_distribution(x)
+        return members["member_mean"], members["member_variance"]
+    method = getattr(model, PREDICTIVE_DISTRIBUTION, None)
+    return method(x) if callable(method) else None
+
+
+def _conformal_scores(
+    model: Any,  # noqa: ANN401 - any fitted estimator of this module
+    data: TableSplits,
+    prepare: Any,  # noqa: ANN401 - the model's frame transform
+    outputs: dict[str, np.ndarray],
+    calibrate: str,
+    conformal: ConformalSettings,
+) -> dict[str, float]:
+    """Conformal sets or intervals of the test rows, calibrated on the rows of split ``calibrate``.
+
+    Every model: LAC and APS sets, or ``abs`` intervals; ``norm`` intervals for a ripieno ensemble of
+    more than one member (its members' spread, ``EnsembleRegressor.conformalize``) or a model with a
+    predictive distribution (its standard deviation).
+    """
+    alpha, y_cal, y_test = conformal.alpha, data.targets[calibrate], data.targets["test"]
+    if data.task != "regression":
+        cal = (y_cal, uncertainty.probabilities(outputs[calibrate]))
+        test = (y_test, uncertainty.probabilities(outputs["test"]))
+        return uncertainty.set_scores(cal, test, alpha, conformal.seed)
+    point_cal, point = outputs[calibrate], outputs["test"]
+    lower, upper = uncertainty.absolute_intervals((y_cal, point_cal), point, alpha)
+    found = uncertainty.interval_scores("abs", lower, upper, y_test, alpha)
+    if callable(getattr(model, "predict_members", None)) and getattr(model, "k", 1) > 1:
+        # a ripieno ensemble: residuals over its members' spread, by its own conformalize
+        model.conformalize(data.features[calibrate], y_cal, alpha=alpha, method="normalized")
+        bounds = model.predict_interval(data.features["test"])
+        found.update(uncertainty.interval_scores("norm", bounds[:, 0], bounds[:, 1], y_test, alpha))
+    elif (on_cal := _distribution(model, "regression", prepare(data.features[calibrate]))) is not None and (
+        on_test := _distribution(model, "regression", prepare(data.features["test"]))
+    ) is not None:
+        sigma_cal, sigma = uncertainty.predictive_std(*on_cal), uncertainty.predictive_std(*on_test)
+        lower, upper = uncertainty.normalized_intervals((y_cal, point_cal, sigma_cal), point, sigma, alpha)
+        found.update(uncertainty.interval_scores("norm", lower, upper, y_test, alpha))
+    return found
 
 
 # ------------------------------------------------------------------ ensembles
@@ -289,5 +377,34 @@ def _fit_catboost(data: TableSplits, params: dict[str, Any], seed: int) -> tuple
         use_best_model=True,
     )
     trees = model.tree_count_
-    depth = int(model.get_all_params().get("depth", 6))
+    settings = model.get_all_params()
+    depth = int(settings.get("depth", 6))
+    loss = str(settings.get("loss_function", ""))
+    if data.task == "regression" and loss.startswith(GAUSSIAN_CATBOOST_LOSS):
+        model = GaussianCatBoost(model)
     return model, trees * (2 ** (depth + 1) - 1), int(trees), prepare
+
+
+class GaussianCatBoost:
+    """A CatBoost regressor fitted with ``loss_function="RMSEWithUncertainty"``: a Gaussian per row.
+
+    CatBoost's ``predict(X, prediction_type="RMSEWithUncertainty")`` gives each row's mean and variance
+    (the variance is ``exp(2 * raw)`` of its second raw output); ``predict`` is the mean, the point
+    prediction every other score uses, and ``predictive_distribution`` the pair (the benchmark's
+    ``uncertainty.PREDICTIVE_DISTRIBUTION`` hook: regression NLL, CRPS and ``norm`` intervals).
+
+    Args:
+        model: the fitted ``catboost.CatBoostRegressor``.
+    """
+
+    def __init__(self, model: Any) -> None:  # noqa: ANN401 - a fitted CatBoostRegressor
+        self.model = model
+
+    def predictive_distribution(self, x: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+        """Each row's predictive mean and variance ``(n,)``."""
+        out = np.asarray(self.model.predict(x, prediction_type=GAUSSIAN_CATBOOST_LOSS), dtype=np.float64)
+        return out[:, 0], out[:, 1]
+
+    def predict(self, x: pd.DataFrame) -> np.ndarray:
+        """Each row's predictive mean."""
+        return self.predictive_distribution(x)[0]

@@ -8,6 +8,16 @@ LoMETab and TabM papers' statistic), first places, top-3 rate, win / tie / loss 
 TabM and against the best GBDT of each data set (a win is better by more than the spread), mean
 training seconds and median parameter count; and a box plot of the ranks (``ranks.png``).
 
+Uncertainty (``uncertainty``'s scores, where the cells recorded them): per data set and model the
+seed means of NLL, ECE, Brier, LAC / APS coverage and set size (classification), and of RMSE, NLL,
+CRPS, coverage, width and Winkler score of the ``abs`` and ``norm`` intervals (regression); each
+model's mean rank per metric over the data sets where every model that has the metric has it
+(``UNCERTAINTY``: lower is better for each ranked one), and a figure of coverage against set size or
+width (``coverage.png``). Coverage is shown, not ranked: split conformal gives every model at least
+``1 - alpha`` on exchangeable rows, so its differences between models are the test rows' sampling
+noise (a binomial standard error of about ``sqrt(alpha (1 - alpha) / n)``), not quality; set size,
+width and the Winkler score compare models at that coverage.
+
 A data set whose test split is too small to rank models (fewer than ``SMALL_TEST_ROWS`` rows, or a
 class with fewer than ``SMALL_CLASS_ROWS`` test rows) is shown and flagged, never ranked, never in
 bold and never counted as a win, tie or loss: a single row there moves accuracy by whole points.
@@ -22,6 +32,7 @@ import pandas as pd
 from scipy.stats import rankdata
 
 from ripieno.framework.cli.benchmark.models import GBDT_KINDS, PRIMARY
+from ripieno.framework.cli.benchmark.uncertainty import ECE_BINS
 from ripieno.framework.outputs.output_files import atomic_output
 
 PUBLISHED: dict[str, dict[str, float]] = {
@@ -219,8 +230,197 @@ def rank_figure(table: pd.DataFrame, path: Path) -> Path | None:
     return path
 
 
-def render(results: pd.DataFrame, name: str, *, figure: Path | None = None, total: int | None = None) -> str:
-    """The report's markdown (module docstring)."""
+UNCERTAINTY: tuple[tuple[str, str, str, bool], ...] = (
+    ("classification", "nll", "NLL", True),
+    ("classification", "ece", "ECE", True),
+    ("classification", "brier", "Brier", True),
+    ("classification", "lac_coverage", "LAC coverage", False),
+    ("classification", "lac_set_size", "LAC set size", True),
+    ("classification", "aps_coverage", "APS coverage", False),
+    ("classification", "aps_set_size", "APS set size", True),
+    ("regression", "rmse", "RMSE", False),
+    ("regression", "nll", "NLL", True),
+    ("regression", "crps", "CRPS", True),
+    ("regression", "abs_coverage", "abs coverage", False),
+    ("regression", "abs_width", "abs width", True),
+    ("regression", "abs_winkler", "abs Winkler", True),
+    ("regression", "norm_coverage", "norm coverage", False),
+    ("regression", "norm_width", "norm width", True),
+    ("regression", "norm_winkler", "norm Winkler", True),
+)
+"""(task family, metric, label, ranked) of the uncertainty tables: a ranked metric is better lower;
+coverage (and RMSE, ranked as the primary metric) is shown beside them (module docstring)."""
+COVERAGE_PLOTS: dict[str, tuple[tuple[str, str, str], ...]] = {
+    "classification": (("lac", "lac_coverage", "lac_set_size"), ("aps", "aps_coverage", "aps_set_size")),
+    "regression": (("abs", "abs_coverage", "abs_width"), ("norm", "norm_coverage", "norm_width")),
+}
+"""Per task family, the (method, coverage column, size column) pairs of ``coverage.png``."""
+
+
+def _family(task: str) -> str:
+    return "regression" if task == "regression" else "classification"
+
+
+def uncertainty_means(results: pd.DataFrame) -> pd.DataFrame:
+    """One row per (data set, model): family, too small, and the seed mean of each ``test_`` metric."""
+    small = {dataset: _too_small(group) for dataset, group in results.groupby("dataset", sort=False)}
+    metrics = list(dict.fromkeys(metric for _, metric, _, _ in UNCERTAINTY))
+    rows = []
+    for (dataset, model), group in results.groupby(["dataset", "model"], sort=False):
+        row = {"dataset": dataset, "model": model, "family": _family(group["task"].iloc[0]),
+               "too_small": small[dataset]}
+        for metric in metrics:
+            column = group.get(f"test_{metric}")
+            row[metric] = math.nan if column is None else pd.to_numeric(column, errors="coerce").mean()
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def metric_ranks(means: pd.DataFrame, family: str, metric: str) -> pd.DataFrame:
+    """Ranks (1 = lowest, ties averaged) of ``metric`` per data set of ``family``, data sets x models.
+
+    The models are those with a value of ``metric`` on some rankable data set of ``family``; only data
+    sets where each of them has one are ranked.
+    """
+    rows = means[(means["family"] == family) & ~means["too_small"] & means[metric].notna()]
+    models = list(dict.fromkeys(rows["model"]))
+    out = {}
+    for dataset, group in rows.groupby("dataset", sort=False):
+        if set(group["model"]) == set(models):
+            out[dataset] = rankdata(group.set_index("model").loc[models, metric].to_numpy(), method="average")
+    return pd.DataFrame(out, index=models).T
+
+
+def _number(value: float, metric: str) -> str:
+    if pd.isna(value):
+        return ""
+    return f"{value:.3f}" if metric.endswith("coverage") else f"{value:.4g}"
+
+
+def uncertainty_markdown(results: pd.DataFrame) -> list[str]:
+    """The uncertainty section: per data set and model, then mean ranks per metric (module docstring)."""
+    means = uncertainty_means(results)
+    alpha = pd.to_numeric(results["alpha"], errors="coerce").dropna() if "alpha" in results else pd.Series()
+    lines: list[str] = []
+    for family in ("classification", "regression"):
+        rows = means[means["family"] == family]
+        shown = [(m, label, ranked) for f, m, label, ranked in UNCERTAINTY
+                 if f == family and rows[m].notna().any()]
+        if rows.empty or all(m in ("nll", "rmse") for m, _, _ in shown):
+            continue  # cells recorded before uncertainty scores: NLL is in the per-data-set table
+        lines += [f"### {family.capitalize()}", "",
+                  "| data set | model | " + " | ".join(label for _, label, _ in shown) + " |",
+                  "|---|---|" + "---|" * len(shown)]
+        for row in rows.itertuples():
+            name = f"{row.dataset} (too small to rank)" if row.too_small else row.dataset
+            values = " | ".join(_number(getattr(row, m), m) for m, _, _ in shown)
+            lines.append(f"| {name} | {row.model} | {values} |")
+        lines.append("")
+        columns: list[tuple[str, pd.Series, str]] = []  # header, value per model, its format
+        for metric, label, ranked in shown:
+            if ranked:
+                rank = metric_ranks(means, family, metric)
+                if rank.shape[1] >= 2 and len(rank):  # one model alone has nothing to rank against
+                    columns.append((f"{label} rank ({len(rank)})", rank.mean(), ".2f"))
+            elif metric.endswith("coverage"):
+                rankable = rows[~rows["too_small"]]
+                columns.append((f"{label} (mean)", rankable.groupby("model")[metric].mean(), ".3f"))
+        if not columns:
+            continue
+        lines += [f"Mean rank per metric over the {family} data sets (1 = best, lower metric better;"
+                  " in brackets: data sets ranked), and mean coverage:", "",
+                  "| model | " + " | ".join(header for header, _, _ in columns) + " |",
+                  "|---|" + "---|" * len(columns)]
+        for model in dict.fromkeys(rows["model"]):
+            cells = [format(values[model], spec) if pd.notna(values.get(model, math.nan)) else ""
+                     for _, values, spec in columns]
+            lines.append(f"| {model} | " + " | ".join(cells) + " |")
+        lines.append("")
+    if not lines:
+        return []
+    conformal = ""
+    if len(alpha) and "calibrate_on" in results:
+        on = results["calibrate_on"].dropna().iloc[0]
+        used = pd.to_numeric(results["calibration_rows"], errors="coerce")
+        source = "training rows carved before fitting" if on == "train" else "the validation rows"
+        counts = f"{used.min():.0f}" + (f"-{used.max():.0f}" if used.max() > used.min() else "")
+        conformal = (
+            f" Conformal sets (LAC, APS) and intervals (abs: absolute residuals; norm: residuals over the"
+            f" members' spread or the predicted standard deviation) at {1 - alpha.iloc[0]:.0%}, calibrated on"
+            f" {source} ({counts} rows per table). Coverage is shown, not ranked: split conformal gives every"
+            " model the target coverage, so its differences are the test rows' sampling noise; set size,"
+            " width and the Winkler score compare models at that coverage."
+        )
+    return [
+        "## Uncertainty",
+        "",
+        f"Test rows. ECE: top-label, {ECE_BINS} equal-width bins; Brier: squared error summed over classes;"
+        f" regression NLL and CRPS only for models with a predictive distribution.{conformal}",
+        "",
+        *lines,
+    ]
+
+
+def coverage_figure(results: pd.DataFrame, path: Path) -> Path | None:
+    """Coverage against mean set size (classification) or width (regression) per model (``None``: no data).
+
+    Small points: one data set (seed means); large: the model's mean over data sets. Widths are divided
+    by the median ``abs`` width of their data set's models, so tables in other units share an axis.
+    """
+    means = uncertainty_means(results)
+    panels = [f for f, pairs in COVERAGE_PLOTS.items()
+              if any(means.loc[means["family"] == f, c].notna().any() for _, c, _ in pairs)]
+    if not panels:
+        return None
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    models = list(dict.fromkeys(means["model"]))
+    colours = {m: f"C{i % 10}" for i, m in enumerate(models)}
+    markers = {"lac": "o", "aps": "s", "abs": "o", "norm": "s"}
+    alpha = pd.to_numeric(results["alpha"], errors="coerce").dropna() if "alpha" in results else pd.Series()
+    figure = Figure(figsize=(5.2 * len(panels), 4.0), layout="constrained")
+    FigureCanvasAgg(figure)
+    for i, family in enumerate(panels):
+        axes = figure.add_subplot(1, len(panels), i + 1)
+        rows = means[means["family"] == family].copy()
+        if family == "regression":
+            scale = rows.groupby("dataset")["abs_width"].transform("median")
+            for _, _, size in COVERAGE_PLOTS[family]:
+                rows[size] = rows[size] / scale
+        for method, cover, size in COVERAGE_PLOTS[family]:
+            for model, group in rows.groupby("model", sort=False):
+                group = group[group[cover].notna() & group[size].notna()]
+                if group.empty:
+                    continue
+                style = {"color": colours[model], "marker": markers[method]}
+                axes.scatter(group[size], group[cover], s=14, alpha=0.35, linewidths=0, **style)
+                axes.scatter(group[size].mean(), group[cover].mean(), s=70, edgecolors="black", **style)
+        if len(alpha):
+            axes.axhline(1 - alpha.iloc[0], color="grey", linestyle="--", linewidth=1)
+        shapes = {"o": "circle", "s": "square"}
+        pairs = ", ".join(f"{m}: {shapes[markers[m]]}" for m, _, _ in COVERAGE_PLOTS[family])
+        axes.set_xlabel(
+            "mean set size" if family == "classification" else "mean width / the data set's median abs width"
+        )
+        axes.set_ylabel("coverage")
+        axes.set_title(f"{family}: {pairs}", fontsize=9)
+    handles = [figure.axes[0].scatter([], [], color=colours[m], label=m) for m in models]
+    figure.legend(handles=handles, loc="outside right upper", fontsize=8)
+    with atomic_output(path, "wb") as handle:
+        figure.savefig(handle, format="png", dpi=110)
+    return path
+
+
+def render(
+    results: pd.DataFrame,
+    name: str,
+    *,
+    figure: Path | None = None,
+    total: int | None = None,
+    coverage: Path | None = None,
+) -> str:
+    """The report's markdown (module docstring); ``figure`` and ``coverage`` are the figures' files."""
     table = summary(results)
     lines = [f"# Benchmark {name}", ""]
     done = len(results)
@@ -280,4 +480,9 @@ def render(results: pd.DataFrame, name: str, *, figure: Path | None = None, tota
         lines.append("")
     if figure is not None:
         lines += [f"![ranks]({figure.name})", ""]
+    uncertain = uncertainty_markdown(results)
+    if uncertain:
+        lines += uncertain
+        if coverage is not None:
+            lines += [f"![coverage against set size and width]({coverage.name})", ""]
     return "\n".join(lines)
