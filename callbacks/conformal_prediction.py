@@ -283,7 +283,10 @@ class ConformalPrediction(Callback):
         self._kind = kind
         self._quantiles = getattr(pl_module, "regression_head", "point") == "quantile"
         self._method_for(kind, 2)  # a classification score on a regressor (or back) stops here
-        if stage == "fit" and self.calibrate_on == "calibration":
+
+    @override
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.calibrate_on == "calibration":  # checked before the first training step
             data = trainer.datamodule
             if data is None or not hasattr(data, "calibration_dataloader") or not getattr(
                     data, "has_calibration_rows", True):

@@ -114,13 +114,14 @@ def test_predict_from_a_checkpoint_writes_sets_or_intervals(tmp_path, table_csv,
     new = TabularDataModule(dataset=None, target="y", predict_path=str(tmp_path / "new.csv"),
                             preprocessing_from=checkpoint.best_model_path, calibration_size=0.25)
     out = tmp_path / "predictions"
-    fresh = TabularEnsembleModule.load_from_checkpoint(checkpoint.best_model_path)
+    fresh = TabularEnsembleModule.load_from_checkpoint(checkpoint.best_model_path, weights_only=True)
     callbacks = [ConformalPrediction(alpha=ALPHA), MemberPredictionWriter(output_dir=str(out))]
-    _trainer(tmp_path, callbacks).predict(fresh, datamodule=new, ckpt_path=checkpoint.best_model_path)
+    _trainer(tmp_path, callbacks).predict(fresh, datamodule=new, ckpt_path=checkpoint.best_model_path,
+                                          weights_only=True)
     table = pd.read_csv(out / "predictions.csv")
     assert len(table) == 30
     threshold = state["thresholds"][0]
-    members = TabularEnsembleModule.load_from_checkpoint(checkpoint.best_model_path).predict_members(rows)
+    members = fresh.predict_members(rows)
     members = members.double()
     if task == "regression":  # normalized: mean +- q * spread, the spread floored as calibrated
         spread = members.std(1, correction=0).clamp_min(state["spread_floor"])
