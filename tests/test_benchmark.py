@@ -105,6 +105,11 @@ def test_a_benchmark_writes_its_store_and_report_and_a_rerun_fits_nothing(tmp_pa
     report = (out / "report.md").read_text()
     assert "| mlc_churn | binary | accuracy |" in report and "mean rank" in report
     assert (out / "ranks.png").read_bytes()[:4] == b"\x89PNG"
+    # 2 epochs with patience 2: early stopping cannot end a fit, the epoch cap does (and the report says so)
+    ensembles = results[results["kind"] == "ensemble"]
+    assert (ensembles["iteration_cap"] == 2).all() and ensembles["capped"].all()
+    assert (results["capped"] == (results["iterations"] >= results["iteration_cap"])).all()
+    assert f"{int(results['capped'].sum())} of 4 cells" in report and "## Budget" in report
     before = [(t.number, t.datetime_complete) for t in _trials(out)]
     capsys.readouterr()
     main(["benchmark", "-c", str(config), "--out", str(out)])

@@ -19,6 +19,7 @@ benchmark none of whose cells finished ends with a non-zero status.
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing
 import shlex
 import warnings
@@ -38,7 +39,7 @@ from ripieno.framework.cli.benchmark.config import (
     load_benchmark,
     table_identity,
 )
-from ripieno.framework.cli.benchmark.models import GBDT_KINDS, PRIMARY
+from ripieno.framework.cli.benchmark.models import GBDT_KINDS, PRIMARY, iteration_cap
 from ripieno.framework.cli.benchmark.report import coverage_figure, rank_figure, render, summary
 from ripieno.framework.cli.fingerprints import first_difference
 from ripieno.framework.cli.help_text import plain
@@ -361,6 +362,12 @@ def results_frame(
             "state": "COMPLETE" if trial.state == TrialState.COMPLETE else "FAILED",
             **attrs,
         }
+    specs = {m.name: m for m in config.models}
+    for row in rows.values():  # whether early stopping or the epoch / tree cap ended the fit
+        if row["state"] == "COMPLETE" and row.get("iterations") is not None:
+            params = json.loads(row["params"]) if isinstance(row.get("params"), str) else {}
+            row["iteration_cap"] = iteration_cap(specs[row["model"]], params)
+            row["capped"] = bool(int(row["iterations"]) >= row["iteration_cap"])
     frame = pd.DataFrame(list(rows.values()))
     if len(frame):  # a stable order: the file's data sets, models and seeds
         order = {c.key: i for i, c in enumerate(cells.wanted_cells(config))}

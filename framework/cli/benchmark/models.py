@@ -95,6 +95,32 @@ class FitResult:
     calibration_rows: int = 0
 
 
+CATBOOST_ITERATIONS = 1000
+"""CatBoost's default ``iterations``: its cap when a benchmark file sets none."""
+
+
+def iteration_cap(spec: ModelSpec, params: dict[str, Any] | None = None) -> int:
+    """The most ``iterations`` a fit of ``spec`` can reach: its epoch or tree cap, before early stopping.
+
+    A cell whose ``iterations`` reach it ended at the budget, not by early stopping (the report counts
+    them: a ranking can measure the cap rather than the model).
+
+    Example:
+        >>> iteration_cap(ModelSpec("tabm", "ensemble", {"max_epochs": 50}))
+        50
+        >>> iteration_cap(ModelSpec("xgboost", "xgboost")), iteration_cap(ModelSpec("cb", "catboost"))
+        (4000, 1000)
+    """
+    merged = {**spec.params, **(params or {})}
+    if spec.kind == "ensemble":
+        from ripieno.framework.methods.estimators import EnsembleClassifier
+
+        return int(merged.get("max_epochs", EnsembleClassifier().max_epochs))
+    if spec.kind == "catboost":
+        return int(merged.get("iterations", merged.get("n_estimators", CATBOOST_ITERATIONS)))
+    return int(merged.get("n_estimators", GBDT_ESTIMATORS_CAP))
+
+
 def check_params(kind: str, names: list[str], where: str) -> None:
     """Stop with one line if a ``params`` or ``space`` key is not an argument of the model's estimator.
 

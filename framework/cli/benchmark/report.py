@@ -412,6 +412,46 @@ def coverage_figure(results: pd.DataFrame, path: Path) -> Path | None:
     return path
 
 
+CAPPED_SHARE = 0.05
+"""Above this share of a model's cells ending at their cap, the report warns: its rank may measure the cap."""
+
+
+def capped_markdown(results: pd.DataFrame) -> list[str]:
+    """How many cells ended at their epoch / tree cap (``capped``), not by early stopping, per model.
+
+    Example:
+        >>> frame = pd.DataFrame({"model": ["a", "a", "b", "b"], "capped": [True, False, False, False],
+        ...                       "iteration_cap": [50, 50, 4000, 4000]})
+        >>> lines = capped_markdown(frame)
+        >>> lines[2].split(";")[0]
+        '1 of 4 cells (25%) ended at their epoch or tree cap, not by early stopping'
+        >>> lines[2].split("per model: ")[1]
+        'a 1/2 (50%, cap 50), b 0/2 (0%, cap 4000).'
+        >>> lines[4].startswith("Over 5% for a:")
+        True
+    """
+    if "capped" not in results or not results["capped"].notna().any():
+        return []
+    known = results[results["capped"].notna()]
+    capped = known["capped"].astype(bool)
+    parts, over = [], []
+    for model, group in known.groupby("model", sort=False):
+        hits = capped[group.index]
+        caps = sorted({int(c) for c in group["iteration_cap"].dropna()})
+        cap = "/".join(map(str, caps)) if caps else "?"
+        parts.append(f"{model} {int(hits.sum())}/{len(hits)} ({hits.mean():.0%}, cap {cap})")
+        if hits.mean() > CAPPED_SHARE:
+            over.append(str(model))
+    lines = ["## Budget: cells that ended at their cap", "",
+             f"{int(capped.sum())} of {len(capped)} cells ({capped.mean():.0%}) ended at their epoch or tree"
+             f" cap, not by early stopping; per model: {', '.join(parts)}.", ""]
+    if over:
+        lines += [f"Over {CAPPED_SHARE:.0%} for {', '.join(over)}: its rank may measure the cap rather than"
+                  " the model (raise max_epochs / the tree cap, keep the budget with rows, seeds or sizes).",
+                  ""]
+    return lines
+
+
 def render(
     results: pd.DataFrame,
     name: str,
@@ -480,6 +520,7 @@ def render(
         lines.append("")
     if figure is not None:
         lines += [f"![ranks]({figure.name})", ""]
+    lines += capped_markdown(results)
     uncertain = uncertainty_markdown(results)
     if uncertain:
         lines += uncertain
