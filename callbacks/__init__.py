@@ -16,6 +16,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time each name is i
     from ripieno.callbacks.laplace_baseline import LaplaceSampler
     from ripieno.callbacks.mc_dropout import MCDropoutSampler
     from ripieno.callbacks.non_finite_guard import NonFiniteGuard
+    from ripieno.callbacks.post_hoc_calibration import PostHocCalibration
     from ripieno.callbacks.prediction_writer import MemberPredictionWriter
     from ripieno.callbacks.replica_coupling import ElasticAveraging, ReplicaCoupling
     from ripieno.callbacks.routing_resampler import RoutingResampler
@@ -31,6 +32,7 @@ _EXPORTS = {
     "LaplaceSampler": "ripieno.callbacks.laplace_baseline",
     "MCDropoutSampler": "ripieno.callbacks.mc_dropout",
     "NonFiniteGuard": "ripieno.callbacks.non_finite_guard",
+    "PostHocCalibration": "ripieno.callbacks.post_hoc_calibration",
     "MemberPredictionWriter": "ripieno.callbacks.prediction_writer",
     "ElasticAveraging": "ripieno.callbacks.replica_coupling",
     "ReplicaCoupling": "ripieno.callbacks.replica_coupling",
@@ -49,6 +51,7 @@ __all__ = [
     "MCDropoutSampler",
     "MemberPredictionWriter",
     "NonFiniteGuard",
+    "PostHocCalibration",
     "ReplicaCoupling",
     "RoutingResampler",
     "SWAGSampler",

@@ -42,6 +42,9 @@ confidence is not. Design:
   ``ddp_spawn`` the workers' callbacks do not travel back to the launching process
   (Lightning returns weights and metrics only): test or predict there with
   ``ckpt_path=...``, or read ``trainer.callback_metrics["calibrated/val/temperature"]``.
+* **Shared with ``PostHocCalibration``.** Reading the step dicts, gathering the validation rows
+  of every rank and scoring the calibrated predictive on test live in ``MemberOutputCalibration``,
+  the base of both callbacks.
 * **Posterior samplers.** ``LastLayerSampler`` and the other
   ``PosteriorPredictiveCallback`` samplers take ``temperature=<this callback>`` (or
   ``"callback"`` in a recipe) and divide their sampled logits by this ``T``.
@@ -57,6 +60,7 @@ Example::
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from typing import Any, Literal
 
 import lightning as L
@@ -75,13 +79,223 @@ from ripieno.framework.metrics.diversity import member_log_probs
 from ripieno.framework.metrics.uq import BrierScore, ExpectedCalibrationError, PredictiveNLL
 from ripieno.framework.uq.temperature import fit_temperature, member_mean_nll
 
-__all__ = ["TemperatureScaling", "fit_temperature", "member_mean_nll"]  # the fit lives in framework/uq
+# the fit lives in framework/uq; MemberOutputCalibration is the base that PostHocCalibration shares
+__all__ = ["MemberOutputCalibration", "TemperatureScaling", "fit_temperature", "member_mean_nll"]
 
 OutputKind = Literal["auto", "logits", "binary_logits", "probs"]
 _KINDS = ("logits", "binary_logits", "probs")
 
 
-class TemperatureScaling(Callback):
+class MemberOutputCalibration(Callback, ABC):
+    """Base of the post-hoc calibration callbacks: reads member outputs, gathers validation rows, scores test.
+
+    It reads ``output_key`` (member outputs) and ``target_key`` (class labels) from the dict that a
+    validation/test step returns, resolves ``output_kind="auto"`` from ``pl_module.member_output_kind``
+    in ``setup`` (regression is refused), keeps each validation epoch's rows and gathers those of every
+    rank (``_gathered``, a collective under DDP), and on test scores the calibrated predictive:
+    ``<prefix>/test/nll``, ``ece``, ``brier`` and the reliability diagram. A subclass says what rows it
+    keeps of the member outputs (``_rows``), fits on them in ``on_validation_epoch_end``, and gives the
+    calibrated member probabilities of test rows (``_calibrated_members``). ``TemperatureScaling`` and
+    ``PostHocCalibration`` are the two.
+
+    Example:
+        >>> issubclass(TemperatureScaling, MemberOutputCalibration)
+        True
+
+    Args:
+        output_kind: ``logits``, ``binary_logits``, ``probs``, or ``auto`` (``pl_module.member_output_kind``).
+        output_key: key of the member outputs in the step's output dict.
+        target_key: key of the class labels in the step's output dict.
+        prefix: first part of the logged names (``<prefix>/test/nll``).
+        n_bins: confidence bins of the calibrated ECE and reliability diagram.
+    """
+
+    def __init__(self, output_kind: OutputKind = "auto", output_key: str = "member_outputs",
+                 target_key: str = "target", prefix: str = "calibrated", n_bins: int = 15) -> None:
+        super().__init__()
+        owner = type(self).__name__
+        if output_kind not in ("auto", *_KINDS):
+            raise setting_error(owner, "output_kind", output_kind,
+                                "Unknown output_kind (regression outputs have no logit to scale)",
+                                "use 'auto', 'logits', 'binary_logits' or 'probs'")
+        check_count(owner, "n_bins", n_bins, 1, "the calibration error bins the confidences")
+        self.output_kind, self.output_key, self.target_key = output_kind, output_key, target_key
+        self.prefix, self.n_bins = prefix, n_bins
+        self._kind: str = output_kind if output_kind != "auto" else "logits"  # "auto" resolves in setup
+        self._val: list[tuple[Tensor, Tensor]] = []
+        self._metrics: dict[str, Any] = {}
+        self._warned_predict = False
+
+    @abstractmethod
+    def _rows(self, member_outputs: Tensor) -> Tensor:
+        """The rows ``(B, M, C)`` kept of a batch's member outputs (``_member_shape`` checks them)."""
+
+    @abstractmethod
+    def _fitted(self) -> object:
+        """The fitted calibration; raises ``RuntimeError`` naming the fix before one was fitted or loaded."""
+
+    @abstractmethod
+    def _calibrated_members(self, rows: Tensor) -> Tensor:
+        """Calibrated probabilities ``(B, M', C)`` of test rows, as the metrics read them."""
+
+    def _diagram_title(self) -> str | None:
+        """Text before the ECE in the reliability diagram's title."""
+        return None
+
+    def _test_values(self) -> dict[str, float]:
+        """Values logged as ``<prefix>/test/<name>`` beside the metrics."""
+        return {}
+
+    # ------------------------------------------------------------------ reading
+    def _resolve_kind(self, pl_module: L.LightningModule) -> str:
+        kind = self.output_kind
+        if kind == "auto":
+            fix = ("set member_output_kind on the module, or pass"
+                   f" {type(self).__name__}(output_kind='logits'|'binary_logits'|'probs')")
+            kind = require_capability(self, pl_module, MemberModel, fix).member_output_kind
+            if kind is None:
+                raise ValueError(f"{type(self).__name__} cannot read {type(pl_module).__name__}'s"
+                                 f" member_output_kind None; {fix}.")
+        if kind == "regression":
+            raise ValueError(f"{type(self).__name__} calibrates classification logits;"
+                             f" {type(pl_module).__name__} returns regression outputs"
+                             " (member_output_kind='regression'). Score regression uncertainty with the"
+                             " Gaussian NLL and CRPS instead.")
+        if kind not in _KINDS:
+            raise ValueError(f"{type(self).__name__} cannot read member outputs of kind {kind!r}; use"
+                             " 'logits', 'binary_logits' or 'probs'.")
+        return kind
+
+    @staticmethod
+    def _member_shape(member_outputs: Tensor, kind: str) -> Tensor:
+        """Detached member outputs ``(B, M, C)`` (``(B, M, 1)`` or ``(B, M)`` binary logits), checked."""
+        x = member_outputs.detach()
+        if kind != "binary_logits" and x.ndim == 2:
+            x = x[:, None]
+        if kind == "binary_logits" and x.ndim == 3 and x.shape[-1] != 1:
+            raise ValueError(f"Expected binary logits shaped (batch, members, 1) or (batch, members), got"
+                             f" {tuple(x.shape)}.")
+        if x.ndim != 3 and not (kind == "binary_logits" and x.ndim == 2):
+            raise ValueError(f"Expected member outputs shaped (batch, members, classes), got"
+                             f" {tuple(x.shape)}.")
+        if kind != "binary_logits" and x.shape[-1] < 2:
+            raise ValueError(f"Expected at least 2 classes on the last axis, got {tuple(x.shape)}; a single"
+                             " logit per member is output_kind='binary_logits'.")
+        return x
+
+    def _read(self, stage: str, outputs: Any, labelled_only: bool = True) -> tuple[Tensor, Tensor]:  # noqa: ANN401
+        """Labelled rows of a step's output: ``_rows`` of its member outputs ``(B, M, C)``, targets ``(B,)``.
+
+        With ``labelled_only=False`` every row is kept (unlabelled ones as ``-1``) and the labels
+        are not read on the host: validation batches stay on the device, and the epoch's rows are
+        filtered and checked once, at its end (``_labelled``).
+        """
+        if not isinstance(outputs, dict) or self.output_key not in outputs or self.target_key not in outputs:
+            got = (f"a dict with keys {sorted(outputs)}" if isinstance(outputs, dict)
+                   else type(outputs).__name__)
+            raise ValueError(f"{type(self).__name__} needs the {stage} step to return a dict with"
+                             f" {self.output_key!r} (member logits shaped (batch, members, classes)) and"
+                             f" {self.target_key!r} (class labels (batch,)); got {got}. Return"
+                             f" {{{self.output_key!r}: logits, {self.target_key!r}: y}} from {stage}_step,"
+                             " or pass output_key/target_key.")
+        rows = self._rows(outputs[self.output_key])
+        target = outputs[self.target_key].detach()
+        if target.ndim != 1 or target.shape[0] != rows.shape[0] or target.is_floating_point():
+            raise ValueError(f"Expected integer class labels shaped ({rows.shape[0]},) under"
+                             f" {self.target_key!r}, got {target.dtype} shaped {tuple(target.shape)}.")
+        if not labelled_only:
+            return rows, target.long()
+        return self._labelled(rows, target)
+
+    @staticmethod
+    def _labelled(rows: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
+        """The rows with a label (``>= 0``), after checking that every label is a class."""
+        keep = target >= 0
+        rows, target = rows[keep], target[keep].long()
+        if target.numel() and int(target.max()) >= rows.shape[-1]:
+            raise ValueError(f"Class labels must lie in [0, {rows.shape[-1] - 1}], got"
+                             f" {int(target.max())}.")
+        return rows, target
+
+    # -------------------------------------------------------------------- hooks
+    @override
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self._kind = self._resolve_kind(pl_module)
+        has_validation = is_overridden("validation_step", pl_module, L.LightningModule)
+        if stage in ("fit", "validate") and not has_validation:
+            raise ValueError(f"{type(self).__name__} fits on validation outputs, but"
+                             f" {type(pl_module).__name__} has no validation_step: return"
+                             f" {{{self.output_key!r}: logits, {self.target_key!r}: y}} from one.")
+
+    @override
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.limit_val_batches == 0:
+            raise ValueError(f"{type(self).__name__} fits on validation data, but limit_val_batches=0 turns"
+                             " validation off.")
+
+    @override
+    def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._val = []
+
+    @override
+    def on_validation_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any,  # noqa: ANN401
+                                batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:  # noqa: ANN401
+        if not trainer.sanity_checking:  # kept on the device; filtered once at the epoch's end
+            self._val.append(self._read("validation", outputs, labelled_only=False))
+
+    def _gathered(self, trainer: L.Trainer) -> tuple[Tensor, Tensor]:
+        """This epoch's validation rows of every rank (collective under DDP)."""
+        parts, self._val = self._val, []
+        if parts:
+            rows, target = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+        else:  # no batch on this rank: still take part in the gather
+            rows = torch.zeros(0, 1, 2, device=trainer.strategy.root_device)
+            target = torch.zeros(0, dtype=torch.long, device=rows.device)
+        if trainer.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
+            pairs = zip(gather_all_tensors(rows.contiguous()), gather_all_tensors(target.contiguous()),
+                        strict=True)
+            kept = [(r, t) for r, t in pairs if t.numel()]
+            if not kept:
+                return rows[:0], target[:0]
+            rows, target = torch.cat([k[0] for k in kept]), torch.cat([k[1] for k in kept])
+        return rows, target
+
+    @override
+    def on_test_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._fitted()
+        self._metrics = {}  # built on the first batch, when the class count is known
+
+    @override
+    def on_test_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any,  # noqa: ANN401
+                          batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:  # noqa: ANN401
+        rows, target = self._read("test", outputs)
+        if not self._metrics:
+            n = rows.shape[-1]
+            metrics = {"nll": PredictiveNLL(input_kind="probs"), "brier": BrierScore(input_kind="probs"),
+                       "ece": ExpectedCalibrationError(n, n_bins=self.n_bins, input_kind="probs")}
+            self._metrics = {k: m.to(rows.device) for k, m in metrics.items()}
+        if target.numel() == 0:
+            return
+        probs = self._calibrated_members(rows)  # (B, M', C)
+        for metric in self._metrics.values():
+            metric.update(probs, target)
+
+    @override
+    def on_test_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if not self._metrics:
+            return
+        extra = self._test_values()
+        name = f"reliability_{self.prefix.replace('/', '_')}"
+        log_reliability_diagram(trainer, self._metrics["ece"], f"{self.prefix}/test/reliability", name,
+                                title=self._diagram_title())
+        values = {name: metric.compute() for name, metric in self._metrics.items()}
+        for name, value in {**values, **extra}.items():  # reduced by compute(): rank-equal
+            pl_module.log(f"{self.prefix}/test/{name}", value, sync_dist=True, add_dataloader_idx=False)
+        for metric in self._metrics.values():
+            metric.reset()
+
+
+class TemperatureScaling(MemberOutputCalibration):
     """Fit one temperature on validation outputs; log calibrated test metrics (module docstring).
 
     Example:
@@ -119,29 +333,18 @@ class TemperatureScaling(Callback):
         tol: float = 1e-6,
         n_bins: int = 15,
     ) -> None:
-        super().__init__()
+        super().__init__(output_kind, output_key, target_key, prefix, n_bins)
         owner = type(self).__name__
-        if output_kind not in ("auto", *_KINDS):
-            raise setting_error(owner, "output_kind", output_kind,
-                                "Unknown output_kind (regression outputs have no logit to scale)",
-                                "use 'auto', 'logits', 'binary_logits' or 'probs'")
         if len(bounds) != 2 or not 0 < bounds[0] < bounds[1] < math.inf:
             raise setting_error(owner, "bounds", bounds,
                                 "bounds must be (low, high) with 0 < low < high < inf, the interval searched"
                                 " for T", "e.g. bounds=[0.01, 100.0]")
         check_count(owner, "grid_size", grid_size, 3, "the grid must bracket its best point")
         check_positive(owner, "tol", tol, "the search stops at this width in log T")
-        check_count(owner, "n_bins", n_bins, 1, "the calibration error bins the confidences")
-        self.output_kind, self.output_key, self.target_key = output_kind, output_key, target_key
-        self.prefix, self.bounds, self.grid_size, self.tol = prefix, tuple(bounds), grid_size, tol
-        self.n_bins = n_bins
+        self.bounds, self.grid_size, self.tol = tuple(bounds), grid_size, tol
         self.temperature: float | None = None
         self.nll_before: float | None = None
         self.nll_after: float | None = None
-        self._kind: str = output_kind if output_kind != "auto" else "logits"  # "auto" resolves in setup
-        self._val: list[tuple[Tensor, Tensor]] = []
-        self._metrics: dict[str, Any] = {}
-        self._warned_predict = False
 
     @property
     @override
@@ -149,25 +352,6 @@ class TemperatureScaling(Callback):
         return self._generate_state_key(output_key=self.output_key, prefix=self.prefix)
 
     # ------------------------------------------------------------------ reading
-    def _resolve_kind(self, pl_module: L.LightningModule) -> str:
-        kind = self.output_kind
-        if kind == "auto":
-            fix = ("set member_output_kind on the module, or pass"
-                   " TemperatureScaling(output_kind='logits'|'binary_logits'|'probs')")
-            kind = require_capability(self, pl_module, MemberModel, fix).member_output_kind
-            if kind is None:
-                raise ValueError(f"TemperatureScaling cannot read {type(pl_module).__name__}'s"
-                                 f" member_output_kind None; {fix}.")
-        if kind == "regression":
-            raise ValueError(f"TemperatureScaling calibrates classification logits;"
-                             f" {type(pl_module).__name__} returns regression outputs"
-                             " (member_output_kind='regression'). Score regression uncertainty with the"
-                             " Gaussian NLL and CRPS instead.")
-        if kind not in _KINDS:
-            raise ValueError(f"TemperatureScaling cannot read member outputs of kind {kind!r}; use 'logits',"
-                             " 'binary_logits' or 'probs'.")
-        return kind
-
     def log_probabilities(self, member_outputs: Tensor, kind: str | None = None) -> Tensor:
         """Member log-probabilities ``(B, M, C)`` (float32) of member outputs of ``kind``.
 
@@ -177,54 +361,13 @@ class TemperatureScaling(Callback):
             kind: ``logits``, ``binary_logits`` or ``probs`` (default: the module's, from ``setup``).
         """
         kind = kind or self._kind
-        x = member_outputs.detach()
-        if kind != "binary_logits" and x.ndim == 2:
-            x = x[:, None]
-        if kind == "binary_logits" and x.ndim == 3 and x.shape[-1] != 1:
-            raise ValueError(f"Expected binary logits shaped (batch, members, 1) or (batch, members), got"
-                             f" {tuple(x.shape)}.")
-        if x.ndim != 3 and not (kind == "binary_logits" and x.ndim == 2):
-            raise ValueError(f"Expected member outputs shaped (batch, members, classes), got"
-                             f" {tuple(x.shape)}.")
-        if kind != "binary_logits" and x.shape[-1] < 2:
-            raise ValueError(f"Expected at least 2 classes on the last axis, got {tuple(x.shape)}; a single"
-                             " logit per member is output_kind='binary_logits'.")
+        x = self._member_shape(member_outputs, kind)
         with torch.autocast(x.device.type, enabled=False):
             return member_log_probs(x, kind)  # type: ignore[arg-type]
 
-    def _read(self, stage: str, outputs: Any, labelled_only: bool = True) -> tuple[Tensor, Tensor]:  # noqa: ANN401
-        """Labelled rows of a step's output: log-probabilities ``(B, M, C)`` and targets ``(B,)``.
-
-        With ``labelled_only=False`` every row is kept (unlabelled ones as ``-1``) and the labels
-        are not read on the host: validation batches stay on the device, and the epoch's rows are
-        filtered and checked once, at its end (``_labelled``).
-        """
-        if not isinstance(outputs, dict) or self.output_key not in outputs or self.target_key not in outputs:
-            got = (f"a dict with keys {sorted(outputs)}" if isinstance(outputs, dict)
-                   else type(outputs).__name__)
-            raise ValueError(f"TemperatureScaling needs the {stage} step to return a dict with"
-                             f" {self.output_key!r} (member logits shaped (batch, members, classes)) and"
-                             f" {self.target_key!r} (class labels (batch,)); got {got}. Return"
-                             f" {{{self.output_key!r}: logits, {self.target_key!r}: y}} from {stage}_step,"
-                             " or pass output_key/target_key.")
-        log_probs = self.log_probabilities(outputs[self.output_key])
-        target = outputs[self.target_key].detach()
-        if target.ndim != 1 or target.shape[0] != log_probs.shape[0] or target.is_floating_point():
-            raise ValueError(f"Expected integer class labels shaped ({log_probs.shape[0]},) under"
-                             f" {self.target_key!r}, got {target.dtype} shaped {tuple(target.shape)}.")
-        if not labelled_only:
-            return log_probs, target.long()
-        return self._labelled(log_probs, target)
-
-    @staticmethod
-    def _labelled(log_probs: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
-        """The rows with a label (``>= 0``), after checking that every label is a class."""
-        keep = target >= 0
-        log_probs, target = log_probs[keep], target[keep].long()
-        if target.numel() and int(target.max()) >= log_probs.shape[-1]:
-            raise ValueError(f"Class labels must lie in [0, {log_probs.shape[-1] - 1}], got"
-                             f" {int(target.max())}.")
-        return log_probs, target
+    @override
+    def _rows(self, member_outputs: Tensor) -> Tensor:
+        return self.log_probabilities(member_outputs)
 
     def calibrated_probabilities(self, member_outputs: Tensor, kind: str | None = None) -> Tensor:
         """The calibrated predictive ``(1/M) sum_m softmax(z_m / T)``, ``(B, C)``.
@@ -238,6 +381,7 @@ class TemperatureScaling(Callback):
         """
         return torch.softmax(self.log_probabilities(member_outputs, kind) / self._fitted(), -1).mean(1)
 
+    @override
     def _fitted(self) -> float:
         if self.temperature is None:
             raise RuntimeError("TemperatureScaling has no fitted temperature: run trainer.fit with validation"
@@ -245,49 +389,19 @@ class TemperatureScaling(Callback):
                                " checkpoint that holds one (ckpt_path=...).")
         return self.temperature
 
+    @override
+    def _calibrated_members(self, rows: Tensor) -> Tensor:
+        return torch.softmax(rows / self._fitted(), -1)  # (B, M, C)
+
+    @override
+    def _diagram_title(self) -> str:
+        return f"T = {self._fitted():.3g}"
+
+    @override
+    def _test_values(self) -> dict[str, float]:
+        return {"temperature": self._fitted()}
+
     # -------------------------------------------------------------------- hooks
-    @override
-    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
-        self._kind = self._resolve_kind(pl_module)
-        has_validation = is_overridden("validation_step", pl_module, L.LightningModule)
-        if stage in ("fit", "validate") and not has_validation:
-            raise ValueError(f"TemperatureScaling fits on validation outputs, but {type(pl_module).__name__}"
-                             " has no validation_step: return"
-                             f" {{{self.output_key!r}: logits, {self.target_key!r}: y}} from one.")
-
-    @override
-    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if trainer.limit_val_batches == 0:
-            raise ValueError("TemperatureScaling fits on validation data, but limit_val_batches=0 turns"
-                             " validation off.")
-
-    @override
-    def on_validation_epoch_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._val = []
-
-    @override
-    def on_validation_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any,  # noqa: ANN401
-                                batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:  # noqa: ANN401
-        if not trainer.sanity_checking:  # kept on the device; filtered once at the epoch's end
-            self._val.append(self._read("validation", outputs, labelled_only=False))
-
-    def _gathered(self, trainer: L.Trainer) -> tuple[Tensor, Tensor]:
-        """This epoch's validation rows of every rank (collective under DDP)."""
-        parts, self._val = self._val, []
-        if parts:
-            log_probs, target = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
-        else:  # no batch on this rank: still take part in the gather
-            log_probs = torch.zeros(0, 1, 2, device=trainer.strategy.root_device)
-            target = torch.zeros(0, dtype=torch.long, device=log_probs.device)
-        if trainer.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
-            pairs = zip(gather_all_tensors(log_probs.contiguous()), gather_all_tensors(target.contiguous()),
-                        strict=True)
-            kept = [(lp, t) for lp, t in pairs if t.numel()]
-            if not kept:
-                return log_probs[:0], target[:0]
-            log_probs, target = torch.cat([k[0] for k in kept]), torch.cat([k[1] for k in kept])
-        return log_probs, target
-
     @override
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.sanity_checking:
@@ -316,40 +430,6 @@ class TemperatureScaling(Callback):
                                " temperature: give the Trainer validation data (a datamodule with"
                                " val_dataloader, or val_dataloaders=...) or fit one afterwards with"
                                " trainer.validate(...).")
-
-    @override
-    def on_test_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self._fitted()
-        self._metrics = {}  # built on the first batch, when the class count is known
-
-    @override
-    def on_test_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any,  # noqa: ANN401
-                          batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:  # noqa: ANN401
-        log_probs, target = self._read("test", outputs)
-        if not self._metrics:
-            n = log_probs.shape[-1]
-            metrics = {"nll": PredictiveNLL(input_kind="probs"), "brier": BrierScore(input_kind="probs"),
-                       "ece": ExpectedCalibrationError(n, n_bins=self.n_bins, input_kind="probs")}
-            self._metrics = {k: m.to(log_probs.device) for k, m in metrics.items()}
-        if target.numel() == 0:
-            return
-        probs = torch.softmax(log_probs / self._fitted(), -1)  # (B, M, C)
-        for metric in self._metrics.values():
-            metric.update(probs, target)
-
-    @override
-    def on_test_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if not self._metrics:
-            return
-        temperature = self._fitted()
-        name = f"reliability_{self.prefix.replace('/', '_')}"
-        log_reliability_diagram(trainer, self._metrics["ece"], f"{self.prefix}/test/reliability", name,
-                                title=f"T = {temperature:.3g}")
-        values = {name: metric.compute() for name, metric in self._metrics.items()}
-        for name, value in {**values, "temperature": temperature}.items():  # reduced by compute(): rank-equal
-            pl_module.log(f"{self.prefix}/test/{name}", value, sync_dist=True, add_dataloader_idx=False)
-        for metric in self._metrics.values():
-            metric.reset()
 
     @override
     def on_predict_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
