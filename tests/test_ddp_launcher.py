@@ -110,3 +110,38 @@ def test_loes_extraction_and_selection_under_the_ddp_launcher_run_once(tmp_path)
     run = tmp_path / "runs" / "loes" / "text_gpt2_loes" / "logs"
     assert [p.name for p in run.iterdir()] == ["version_0"]
     assert [p.name for p in (run / "version_0").glob("selection_scores*.csv")] == ["selection_scores.csv"]
+
+
+@pytest.mark.slow
+def test_conformal_sets_and_intervals_under_the_ddp_launcher_equal_one_process(tmp_path, table_csv):
+    """Every rank calibrates on all calibration rows and keeps rank 0's thresholds: test coverage and
+    the predicted intervals equal one process's (240 rows: 48 test rows split evenly over 2 ranks)."""
+    table = table_csv("regression", n=240)
+    data = [f"--data.init_args.path={table}", "--data.init_args.target=y"]
+    out = _ripieno(tmp_path, "fit", "-c", "tabular/lometab_csv", *DDP, *SMALL, *data,
+                   "--trainer.default_root_dir=run")
+    assert "GLOBAL_RANK: 1" in out and out.count("ripieno: test metrics of best checkpoint") == 1
+    best = re.search(r"ripieno: checkpoint (\S+)", out).group(1)
+    config = str(next((tmp_path / "run").rglob("config.yaml")))
+    for name, flags in (("t_ddp", DDP), ("t_one", ONE)):
+        _ripieno(tmp_path, "test", "-c", config, "--ckpt_path", best, *flags,
+                 f"--trainer.default_root_dir={name}")
+    rows = {}
+    for name in ("t_ddp", "t_one"):
+        (metrics,) = (tmp_path / name).rglob("metrics.csv")
+        (row,) = [r for r in csv.DictReader(metrics.open()) if r.get("conformal/test/coverage")]
+        rows[name] = {k: float(v) for k, v in row.items() if k.startswith("conformal/test/") and v}
+    assert set(rows["t_one"]) == {"conformal/test/coverage", "conformal/test/width", "conformal/test/winkler"}
+    assert rows["t_ddp"] == pytest.approx(rows["t_one"], rel=1e-5)
+
+    new = tmp_path / "new.csv"
+    pd.read_csv(table).head(21).drop(columns=["y"]).to_csv(new, index=False)  # odd: uneven shards
+    for name, flags in (("p_ddp", DDP), ("p_one", ONE)):
+        _ripieno(tmp_path, "predict", "-c", config, "--ckpt_path", best, *flags,
+                 f"--data.init_args.predict_path={new}", f"--trainer.default_root_dir={name}")
+    (single,) = (tmp_path / "p_one").rglob("predictions.csv")
+    one_table = pd.read_csv(single)
+    both = pd.concat([pd.read_csv(p) for p in sorted((tmp_path / "p_ddp").rglob("predictions_rank*.csv"))])
+    both = both.drop_duplicates("row").sort_values("row").reset_index(drop=True)  # padding repeats a row
+    assert {"lower", "upper"} <= set(one_table.columns) and len(one_table) == 21
+    pd.testing.assert_frame_equal(both, one_table.sort_values("row").reset_index(drop=True), rtol=1e-5)
