@@ -3,7 +3,8 @@
 Oracle: split conformal's exact bounds. Each model trains once on half of a shipped table; the other
 half, rows it never saw, is split 200 times at random into calibration and test rows, and the mean
 test coverage of the 90% sets (wine, three classes) and intervals (diabetes) must lie within
-``[1 - alpha, 1 - alpha + 1 / (n + 1)]``, up to four Monte Carlo standard errors (fixed seeds).
+``[1 - alpha, 1 - alpha + 1 / (n + 1)]``, up to four Monte Carlo standard errors (fixed seeds). The
+Lightning module (penguins) is split the same way over its calibration and test rows.
 ``bench/conformal_coverage.py`` runs the full count on more tables.
 """
 
@@ -66,3 +67,31 @@ def test_mean_coverage_over_200_random_splits_is_within_the_bounds(model, table,
         result = random_split_coverage(SplitConformal(method, ALPHA, **extra), pool_outputs, y,
                                        n_calibration=len(y) // 2, rounds=200, seed=0)
         assert result.within(4.0), (model, table, method, result)
+
+
+def test_a_lightning_module_on_a_shipped_table_covers_within_the_bounds(tmp_path):
+    import lightning as L
+
+    from ripieno.callbacks import ConformalPrediction
+    from ripieno.datamodules import TabularDataModule
+    from ripieno.framework import TabularEnsembleModule
+
+    L.seed_everything(0)
+    data = TabularDataModule(dataset="penguins", calibration_size=0.3, batch_size=64, n_bins=8,
+                             missing="impute")
+    data.setup("fit")
+    model = TabularEnsembleModule(data.spec, k=4, d_block=16, n_blocks=1)
+    trainer = L.Trainer(max_epochs=5, logger=False, enable_progress_bar=False, enable_model_summary=False,
+                        default_root_dir=tmp_path, callbacks=[ConformalPrediction(alpha=ALPHA)])
+    trainer.fit(model, datamodule=data)
+    model.eval()
+    parts = []
+    with torch.no_grad():  # rows the module never trained on: the calibration and test rows
+        for loader in (data.calibration_dataloader(), data.test_dataloader()):
+            parts += [(model.predict_step(b, i)["member_predictions"].mean(1), b["y"])
+                      for i, b in enumerate(loader)]
+    probs, y = torch.cat([p[0] for p in parts]).double(), torch.cat([p[1] for p in parts])
+    for method, extra in (("lac", {}), ("aps", {"include_last_label": "randomized"})):
+        result = random_split_coverage(SplitConformal(method, ALPHA, **extra), probs, y,
+                                       n_calibration=len(y) // 2, rounds=200, seed=0)
+        assert result.within(4.0), (method, result)
