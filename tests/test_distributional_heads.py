@@ -262,7 +262,7 @@ def test_fit_logs_the_heads_metrics_and_the_checkpoint_round_trips(tmp_path, hea
                         enable_checkpointing=False, default_root_dir=tmp_path)
     trainer.fit(model, train_dataloaders=rows, val_dataloaders=rows)
     logged = set(trainer.callback_metrics)
-    own = {"gaussian": {"val/nll"}, "quantile": {"val/pinball", "val/coverage"}}[head]
+    own = {"gaussian": {"val/nll", "val/ece"}, "quantile": {"val/pinball", "val/coverage"}}[head]
     assert {"val/loss", "val/rmse", "val/mae", "val/r2", "val/crps", "train/loss"} | own <= logged
     assert model.logged_metric_names("val") >= {"val/loss", "val/rmse", *own}
     model.eval()
@@ -306,3 +306,31 @@ def test_posterior_samplers_refuse_a_distributional_head():
     with pytest.raises(RipienoInputError, match="regression_head='point'"):
         model.output_affine  # noqa: B018 - what the samplers read
     assert TabularEnsembleModule(_spec(mean=0.3, std=1.2), k=2, d_block=8).output_affine == (1.2, 0.3)
+
+
+def test_mixture_calibration_error_is_the_mean_coverage_gap_of_central_intervals():
+    from scipy.stats import norm
+
+    from ripieno.framework.metrics.mixture import MixtureCalibrationError, mixture_cdf
+
+    g = torch.Generator().manual_seed(0)
+    means, variances = torch.randn(500, 3, generator=g), torch.rand(500, 3, generator=g) + 0.5
+    y = torch.randn(500, generator=g) * 1.5
+    pit = norm.cdf((y.double()[:, None] - means.double()) / variances.double().sqrt()).mean(1)  # scipy's CDF
+    assert np.allclose(mixture_cdf(means, variances, y).numpy(), pit, atol=1e-6)
+    levels = np.array([0.2, 0.5, 0.8])
+    expected = np.abs((np.abs(pit - 0.5)[:, None] <= levels / 2).mean(0) - levels).mean()
+    metric = MixtureCalibrationError(levels=levels.tolist())
+    metric.update(means[:200], variances[:200], y[:200])
+    metric.update(means[200:], variances[200:], y[200:])
+    assert float(metric.compute()) == pytest.approx(expected, abs=1e-6)
+    # draws from the predictive itself are calibrated: a small error; a 4x too narrow one is not
+    k = torch.randint(0, 3, (20000,), generator=g)
+    mu, var = torch.zeros(20000, 3), torch.ones(20000, 3)
+    draws = torch.randn(20000, generator=g) + mu[torch.arange(20000), k]
+    calibrated, narrow = MixtureCalibrationError(), MixtureCalibrationError()
+    calibrated.update(mu, var, draws)
+    narrow.update(mu, var / 16, draws)
+    assert float(calibrated.compute()) < 0.01 < 0.2 < float(narrow.compute())
+    with pytest.raises(ValueError, match="levels"):
+        MixtureCalibrationError(levels=[1.5])

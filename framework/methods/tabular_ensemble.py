@@ -44,6 +44,7 @@ from ripieno.framework.methods.member_selection import (
 from ripieno.framework.methods.tabular_prediction import TabularPredictionMixin
 from ripieno.framework.metrics.mixture import (
     IntervalCoverage,
+    MixtureCalibrationError,
     MixtureCRPS,
     MixtureNLL,
     QuantileLoss,
@@ -369,14 +370,16 @@ class TabularEnsembleModule(TabularPredictionMixin, MemberModule):
         """The protocol's metrics, and ``rmse_original`` (raw units) for transformed targets.
 
         A ``gaussian`` head's ``crps`` is the mixture's (``MixtureCRPS``) and it adds ``nll``
-        (``MixtureNLL``); a ``quantile`` head adds ``pinball`` (``QuantileLoss`` of the member-mean
-        quantiles) and ``coverage`` (``IntervalCoverage`` of their outer levels).
+        (``MixtureNLL``) and ``ece`` (``MixtureCalibrationError``, of its central intervals); a
+        ``quantile`` head adds ``pinball`` (``QuantileLoss`` of the member-mean quantiles) and
+        ``coverage`` (``IntervalCoverage`` of their outer levels).
         """
         metrics = super().build_metrics()
         if self.task == "regression" and self.spec.target_transform != "none":
             metrics["rmse_original"] = torchmetrics.MeanSquaredError(squared=False)
         if self.regression_head == "gaussian":
             metrics["crps"], metrics["nll"] = MixtureCRPS(), MixtureNLL()
+            metrics["ece"] = MixtureCalibrationError()
         elif self.regression_head == "quantile":
             metrics["pinball"], metrics["coverage"] = QuantileLoss(self.quantile_levels), IntervalCoverage()
         return metrics
@@ -405,6 +408,7 @@ class TabularEnsembleModule(TabularPredictionMixin, MemberModule):
         if self.regression_head == "gaussian":
             metrics["crps"].update(values, extra["member_variance"], target)
             metrics["nll"].update(values, extra["member_variance"], target)
+            metrics["ece"].update(values, extra["member_variance"], target)
         else:
             quantiles = extra["member_quantiles"].mean(1)
             metrics["crps"].update(values, target)

@@ -11,7 +11,8 @@ predicts ``N(mu_m, s_m^2)`` and the ensemble's predictive is their equally weigh
   independent draws (Grimit et al., 2006), both means of ``E|N(a, b^2)|`` over components (pairs);
   with one shared variance it is ``ripieno.framework.metrics.uq.gaussian_mixture_crps``.
 
-``MixtureNLL`` and ``MixtureCRPS`` accumulate them, ``QuantileLoss`` the pinball loss of quantile
+``MixtureNLL`` and ``MixtureCRPS`` accumulate them, ``MixtureCalibrationError`` the regression ECE of
+the mixture's central intervals (Kuleshov et al., 2018), ``QuantileLoss`` the pinball loss of quantile
 predictions averaged over levels, and ``IntervalCoverage`` the share of targets inside
 ``[lower, upper]``. Sums are float64 states summed across DDP ranks; updates run in float32 with
 autocast disabled.
@@ -30,6 +31,7 @@ from collections.abc import Sequence
 
 import torch
 from torch import Tensor
+from torchmetrics import Metric
 
 from ripieno.framework.metrics.uq import _MeanState, _normal_abs_moment
 from ripieno.framework.nn.distributional_heads import pinball_loss
@@ -135,6 +137,73 @@ class MixtureCRPS(_MeanState):
         """Accumulate a batch of member means and variances and their targets."""
         with torch.autocast(means.device.type, enabled=False):
             self._accumulate(mixture_crps(means, variances, target))
+
+
+def mixture_cdf(means: Tensor, variances: Tensor, target: Tensor) -> Tensor:
+    """``P(X <= target)`` ``(N,)`` under each row's equal-weight Gaussian mixture (the PIT value).
+
+    Example:
+        >>> mixture_cdf(torch.tensor([[0.0, 2.0]]), torch.ones(1, 2), torch.tensor([1.0]))  # symmetric
+        tensor([0.5000])
+    """
+    _check(means, variances, target)
+    mu, sd = means.double(), variances.double().sqrt()
+    z = (target.double()[:, None] - mu) / sd
+    return (0.5 * torch.erfc(-z / math.sqrt(2.0))).mean(1).float()
+
+
+CALIBRATION_LEVELS: tuple[float, ...] = tuple(round(0.1 * i, 1) for i in range(1, 10))
+"""Central-interval levels of ``MixtureCalibrationError``: 10%, 20%, ..., 90%."""
+
+
+class MixtureCalibrationError(Metric):
+    """Regression ECE: mean ``|coverage(p) - p|`` of the mixture's central ``p`` intervals (lower is better).
+
+    A row's central ``p`` interval holds its target when its PIT value ``F(y)`` (``mixture_cdf``)
+    lies in ``[(1 - p) / 2, (1 + p) / 2]``; the metric averages, over ``levels``, the gap between the
+    share of rows covered and ``p`` (Kuleshov et al., 2018). Counts per level are summed across
+    DDP ranks.
+
+    Args:
+        levels: the nominal levels ``p`` in ``(0, 1)``.
+        kwargs: passed to ``torchmetrics.Metric``.
+
+    Shape:
+        - Input: ``means`` and ``variances`` ``(B, M)``, ``target`` ``(B,)``.
+        - Output: a 0-d tensor in ``[0, 1]``.
+
+    Example:
+        >>> metric = MixtureCalibrationError(levels=[0.5])
+        >>> metric.update(torch.zeros(4, 1), torch.ones(4, 1), torch.tensor([0.0, 0.1, 3.0, -3.0]))
+        >>> metric.compute()  # half of the rows in the central 50% interval: no gap
+        tensor(0.)
+    """
+
+    is_differentiable = False
+    higher_is_better = False
+    full_state_update = False
+
+    def __init__(self, levels: Sequence[float] = CALIBRATION_LEVELS, **kwargs) -> None:  # noqa: ANN003
+        super().__init__(**kwargs)
+        self.levels = tuple(float(p) for p in levels)
+        if not self.levels or not all(0.0 < p < 1.0 for p in self.levels):
+            raise ValueError(f"levels must be nominal coverages in (0, 1), got {list(levels)}.")
+        self.add_state("covered", default=torch.zeros(len(self.levels), dtype=torch.float64),
+                       dist_reduce_fx="sum")
+        self.add_state("total", default=torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
+
+    def update(self, means: Tensor, variances: Tensor, target: Tensor) -> None:
+        """Accumulate a batch of member means and variances and their targets."""
+        with torch.autocast(means.device.type, enabled=False):
+            distance = (mixture_cdf(means, variances, target).double() - 0.5).abs()[:, None]
+            half = torch.tensor(self.levels, dtype=torch.float64, device=distance.device)[None] / 2
+            self.covered += (distance <= half).double().sum(0)
+            self.total += target.shape[0]
+
+    def compute(self) -> Tensor:
+        """Mean gap between the empirical and nominal coverage over the levels."""
+        levels = torch.tensor(self.levels, dtype=torch.float64, device=self.covered.device)
+        return (self.covered / self.total - levels).abs().mean().float()
 
 
 class QuantileLoss(_MeanState):
