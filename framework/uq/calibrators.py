@@ -43,6 +43,7 @@ from sklearn.isotonic import IsotonicRegression
 from torch import Tensor
 
 from ripieno.framework.errors import RipienoInputError
+from ripieno.framework.uq.checked_inputs import class_labels, real_float64
 from ripieno.framework.uq.temperature import fit_temperature, member_mean_nll
 
 __all__ = [
@@ -88,15 +89,7 @@ def _input_kind(input_kind: str, owner: str) -> InputKind:
 
 
 def _float64(values: TensorLike, name: str, where: str) -> Tensor:
-    tensor = torch.as_tensor(values) if isinstance(values, Tensor | np.ndarray) else torch.as_tensor(
-        values, dtype=torch.float64)
-    if tensor.is_complex() or tensor.dtype == torch.bool:
-        raise CalibrationError(f"{where}: {name} has dtype {tensor.dtype}; give real numbers.")
-    tensor = tensor.detach().to(device="cpu", dtype=torch.float64)
-    n_nan = int(torch.isnan(tensor).sum())
-    if n_nan:
-        raise CalibrationError(f"{where}: {name} has {n_nan} NaN value(s); drop or fix those rows.")
-    return tensor
+    return real_float64(values, name, where, CalibrationError)
 
 
 def _members(outputs: TensorLike, input_kind: InputKind, where: str,
@@ -130,16 +123,8 @@ def _members(outputs: TensorLike, input_kind: InputKind, where: str,
 
 
 def _labels(labels: TensorLike, n: int, num_classes: int, where: str) -> Tensor:
-    values = _float64(labels, "y", where)
-    if values.ndim != 1 or values.shape[0] != n:
-        raise CalibrationError(f"{where}: y has shape {tuple(values.shape)} but outputs has {n} rows; give"
-                               f" one label per row, shape ({n},).")
-    bad = (values != values.round()) | (values < 0) | (values > num_classes - 1)
-    if bad.any():
-        raise CalibrationError(f"{where}: y holds {values[bad][0].item():g}, not a class index in"
-                               f" 0..{num_classes - 1}; encode the classes as integers 0..{num_classes - 1}"
-                               " in the order of the outputs' last axis.")
-    y = values.long()
+    y = class_labels(labels, n, num_classes, where, CalibrationError, name="y", rows_of="outputs",
+                     order="the outputs' last axis")
     if y.unique().numel() < 2:
         raise CalibrationError(f"{where}: y holds only class {y[0].item()}; calibration needs labelled rows"
                                " of at least 2 classes.")

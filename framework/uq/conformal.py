@@ -57,6 +57,7 @@ import torch
 from torch import Tensor
 
 from ripieno.framework.errors import RipienoInputError
+from ripieno.framework.uq.checked_inputs import class_labels, real_float64
 
 __all__ = [
     "CLASSIFICATION_METHODS",
@@ -135,16 +136,7 @@ def _alpha(alpha: float, where: str) -> float:
 
 
 def _float64(values: TensorLike, name: str, where: str) -> Tensor:
-    # Python numbers and lists go straight to float64 (torch.as_tensor would round them to float32).
-    tensor = torch.as_tensor(values) if isinstance(values, Tensor | np.ndarray) else torch.as_tensor(
-        values, dtype=torch.float64)
-    if tensor.is_complex() or tensor.dtype == torch.bool:
-        raise ConformalError(f"{where}: {name} has dtype {tensor.dtype}; give real numbers.")
-    tensor = tensor.detach().to(device="cpu", dtype=torch.float64)
-    n_nan = int(torch.isnan(tensor).sum())
-    if n_nan:
-        raise ConformalError(f"{where}: {name} has {n_nan} NaN value(s); drop or fix those rows.")
-    return tensor
+    return real_float64(values, name, where, ConformalError)
 
 
 def _vector(values: TensorLike, name: str, where: str, n: int | None = None) -> Tensor:
@@ -174,16 +166,8 @@ def _probs(probs: TensorLike, where: str) -> Tensor:
 
 
 def _labels(labels: TensorLike, n: int, num_classes: int, where: str, rows_of: str = "probs") -> Tensor:
-    values = _float64(labels, "labels", where)
-    if values.ndim != 1 or values.shape[0] != n:
-        raise ConformalError(f"{where}: labels has shape {tuple(values.shape)} but {rows_of} has {n} rows;"
-                             f" give one label per row, shape ({n},).")
-    bad = (values != values.round()) | (values < 0) | (values > num_classes - 1)
-    if bad.any():
-        raise ConformalError(f"{where}: labels holds {values[bad][0].item():g}, not a class index in"
-                             f" 0..{num_classes - 1}; encode the classes as integers 0..{num_classes - 1} in"
-                             " the order of the columns of probs.")
-    return values.long()
+    return class_labels(labels, n, num_classes, where, ConformalError, name="labels", rows_of=rows_of,
+                        order="the columns of probs")
 
 
 def _uniforms(u: TensorLike | None, n: int, generator: torch.Generator | None, where: str) -> Tensor:
