@@ -6,10 +6,12 @@ import atexit
 import os
 import shutil
 import tempfile
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+import yaml
 
 os.environ.setdefault("JSONARGPARSE_DEPRECATION_WARNINGS", "off")
 # Generated tokenizers, backbones and feature caches go to ripieno's cache folder: a fresh one per
@@ -58,5 +60,31 @@ def table_csv(tmp_path):
         else:
             frame.to_csv(path, index=False)
         return str(path)
+
+    return write
+
+
+TINY_ENSEMBLE = {"k": 2, "n_blocks": 1, "d_block": 16, "max_epochs": 2, "patience": 2, "n_bins": 8,
+                 "batch_size": 128}
+
+
+@pytest.fixture
+def tiny_benchmark(tmp_path):
+    """A factory ``(**changes) -> Path``: a two-table, two-model benchmark file ``tmp_path/tiny.yaml``."""
+
+    def write(**changes) -> Path:
+        config = {
+            "name": "tiny",
+            "seeds": [0],
+            "data": {"max_rows": 400, "missing": "impute"},
+            "datasets": ["mlc_churn", "diamonds"],
+            "common": {"ensemble": TINY_ENSEMBLE},
+            "models": {"lometab": {"kind": "ensemble", "params": {"adapter": "lometab", "rank": 2}},
+                       "xgboost": {"kind": "xgboost", "params": {"n_estimators": 30}}},
+            **changes,
+        }
+        path = tmp_path / "tiny.yaml"
+        path.write_text(yaml.safe_dump(config, sort_keys=False))
+        return path
 
     return write

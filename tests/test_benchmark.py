@@ -28,20 +28,6 @@ def _write(path: Path, config: dict) -> Path:
     return path
 
 
-def _tiny_config(tmp_path: Path, **changes) -> Path:
-    config = {
-        "name": "tiny",
-        "seeds": [0],
-        "data": {"max_rows": 400, "missing": "impute"},
-        "datasets": ["mlc_churn", "diamonds"],
-        "common": {"ensemble": TINY},
-        "models": {"lometab": {"kind": "ensemble", "params": {"adapter": "lometab", "rank": 2}},
-                   "xgboost": {"kind": "xgboost", "params": {"n_estimators": 30}}},
-        **changes,
-    }
-    return _write(tmp_path / "tiny.yaml", config)
-
-
 def _trials(out: Path, name: str = "tiny") -> list[optuna.trial.FrozenTrial]:
     study = optuna.load_study(study_name=f"benchmark:{name}", storage=f"sqlite:///{out / 'benchmark.db'}")
     return study.get_trials(deepcopy=False)
@@ -92,8 +78,8 @@ def test_ranks_average_ties_and_wins_need_more_than_the_seed_spread():
     assert compare(table, "lometab", best_gbdt=True) == {"win": 2, "tie": 0, "loss": 1}
 
 
-def test_a_benchmark_writes_its_store_and_report_and_a_rerun_fits_nothing(tmp_path, capsys):
-    config, out = _tiny_config(tmp_path), tmp_path / "out"
+def test_a_benchmark_writes_its_store_and_report_and_a_rerun_fits_nothing(tmp_path, capsys, tiny_benchmark):
+    config, out = tiny_benchmark(), tmp_path / "out"
     main(["benchmark", "-c", str(config), "--out", str(out)])
     results = pd.read_csv(out / "results.csv")
     assert len(results) == 4 and (results["state"] == "COMPLETE").all()
@@ -118,8 +104,8 @@ def test_a_benchmark_writes_its_store_and_report_and_a_rerun_fits_nothing(tmp_pa
     assert pd.read_csv(out / "results.csv").equals(results)
 
 
-def test_a_stopped_benchmark_runs_only_its_missing_cells_and_retries_a_dead_one(tmp_path):
-    config, out = _tiny_config(tmp_path), tmp_path / "out"
+def test_a_stopped_benchmark_runs_only_its_missing_cells_and_retries_a_dead_one(tmp_path, tiny_benchmark):
+    config, out = tiny_benchmark(), tmp_path / "out"
     out.mkdir()
     left = optuna.create_study(study_name="benchmark:tiny", storage=f"sqlite:///{out / 'benchmark.db'}")
     left.enqueue_trial({}, user_attrs={cells.CELL_ATTR: "default/diamonds/lometab/0"})  # a stopped run's
@@ -144,8 +130,8 @@ def test_a_stopped_benchmark_runs_only_its_missing_cells_and_retries_a_dead_one(
     assert next(t for t in trials if t.number == dead.number).state == TrialState.FAIL
 
 
-def test_two_workers_on_a_journal_file_fit_every_cell_once(tmp_path):
-    config = _tiny_config(tmp_path, seeds=[0, 1])
+def test_two_workers_on_a_journal_file_fit_every_cell_once(tmp_path, tiny_benchmark):
+    config = tiny_benchmark(seeds=[0, 1])
     out, journal = tmp_path / "out", tmp_path / "shared" / "store.log"
     main(["benchmark", "-c", str(config), "--out", str(out), "--storage", str(journal), "--workers", "2"])
     storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(journal)))
@@ -192,8 +178,8 @@ def test_every_model_runs_on_a_users_csv_with_a_category_and_missing_values(tmp_
         results.loc[results["model"] == "tabm", "n_parameters"].iloc[0]
 
 
-def test_an_output_folder_of_other_files_is_refused_before_any_fit(tmp_path):
-    config, out = _tiny_config(tmp_path), tmp_path / "out"
+def test_an_output_folder_of_other_files_is_refused_before_any_fit(tmp_path, tiny_benchmark):
+    config, out = tiny_benchmark(), tmp_path / "out"
     out.mkdir()
     (out / "results.csv").write_text("mine\n")
     with pytest.raises(SystemExit, match="holds files ripieno did not write"):
@@ -224,8 +210,8 @@ def test_a_base_file_that_leads_back_to_itself_is_one_line(tmp_path):
     ({"datasets": [{"name": "a/b", "dataset": "wine"}]},
      "data set name 'a/b' must be a non-empty name without '/'; rename it."),
 ])
-def test_a_bad_benchmark_file_is_one_line_before_any_fit(tmp_path, change, expected):
-    config, out = _tiny_config(tmp_path, **change), tmp_path / "out"
+def test_a_bad_benchmark_file_is_one_line_before_any_fit(tmp_path, change, expected, tiny_benchmark):
+    config, out = tiny_benchmark(**change), tmp_path / "out"
     with pytest.raises(SystemExit) as stopped:
         main(["benchmark", "-c", str(config), "--out", str(out)])
     message = str(stopped.value)
@@ -260,10 +246,10 @@ def test_the_shipped_ci_benchmark_runs(tmp_path):
     assert "## Overall" in (tmp_path / "report.md").read_text()
 
 
-def test_the_tuned_protocol_fits_each_seed_with_the_best_values_of_one_shared_study(tmp_path):
+def test_the_tuned_protocol_fits_each_seed_with_the_best_values_of_one_shared_study(tmp_path, tiny_benchmark):
     space = {"rank": {"type": "categorical", "choices": [1, 2]},
              "sigma_init": {"type": "float", "low": 0.1, "high": 3.0, "log": True}}
-    config = _tiny_config(tmp_path, protocol="tuned", seeds=[0, 1], datasets=["mlc_churn"],
+    config = tiny_benchmark(protocol="tuned", seeds=[0, 1], datasets=["mlc_churn"],
                           tuning={"n_trials": 3, "startup_trials": 3},
                           models={"lometab": {"kind": "ensemble", "params": {"adapter": "lometab"},
                                               "space": space}})
@@ -346,14 +332,14 @@ def test_xgboost_node_count_equals_the_dataframe_and_survives_a_boolean_split():
     assert xgboost_node_count(booster) == dumped  # one dump line per node
 
 
-def test_a_cell_fitted_again_after_its_failure_is_one_row_and_not_reported_failed(tmp_path):
+def test_a_cell_fitted_again_after_its_failure_is_one_row_and_not_reported_failed(tmp_path, tiny_benchmark):
     bad = {"xgboost": {"kind": "xgboost", "params": {"n_estimators": 30, "max_depth": -3}}}
-    config, out = _tiny_config(tmp_path, models=bad), tmp_path / "out"
+    config, out = tiny_benchmark(models=bad), tmp_path / "out"
     with pytest.raises(SystemExit, match=r"none of the 2 cells finished: each failed by its own error"):
         main(["benchmark", "-c", str(config), "--out", str(out)])  # every cell failed: a non-zero exit
     failed = pd.read_csv(out / "results.csv")
     assert len(failed) == 2 and (failed["state"] == "FAILED").all()
-    config = _tiny_config(tmp_path, models={"xgboost": {"kind": "xgboost", "params": {"n_estimators": 30}}})
+    config = tiny_benchmark(models={"xgboost": {"kind": "xgboost", "params": {"n_estimators": 30}}})
     main(["benchmark", "-c", str(config), "--out", str(out), "--retry_failed"])
     assert sum(t.state == TrialState.FAIL for t in _trials(out)) == 2  # the store keeps both outcomes
     results = pd.read_csv(out / "results.csv")

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
-import yaml
 from scipy.stats import norm
 from sklearn.metrics import brier_score_loss
 
@@ -30,24 +28,6 @@ from ripieno.framework.cli.benchmark.uncertainty import (
 from ripieno.framework.cli.fingerprints import first_difference
 from ripieno.framework.cli.main import main
 from ripieno.framework.specs.table_splits import TableSplits
-
-TINY = {"k": 2, "n_blocks": 1, "d_block": 16, "max_epochs": 2, "patience": 2, "n_bins": 8, "batch_size": 128}
-
-
-def _config(tmp_path: Path, **changes) -> Path:
-    config = {
-        "name": "tiny",
-        "seeds": [0],
-        "data": {"max_rows": 400, "missing": "impute"},
-        "datasets": ["mlc_churn", "diamonds"],
-        "common": {"ensemble": TINY},
-        "models": {"lometab": {"kind": "ensemble", "params": {"adapter": "lometab", "rank": 2}},
-                   "xgboost": {"kind": "xgboost", "params": {"n_estimators": 30}}},
-        **changes,
-    }
-    path = tmp_path / "tiny.yaml"
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
-    return path
 
 
 def _table(n: int = 300, task: str = "binary", seed: int = 0) -> TableSplits:
@@ -184,24 +164,24 @@ def test_catboost_with_rmse_with_uncertainty_scores_its_gaussian_and_others_scor
     ({"seed": 1.5}, "conformal.seed must be an integer, got 1.5."),
     ("yes", "conformal must be a mapping with keys"),
 ])
-def test_bad_conformal_settings_are_one_line(tmp_path, conformal, expected):
+def test_bad_conformal_settings_are_one_line(tmp_path, conformal, expected, tiny_benchmark):
     with pytest.raises(BenchmarkConfigError) as stopped:
-        load_benchmark(_config(tmp_path, conformal=conformal))
+        load_benchmark(tiny_benchmark(conformal=conformal))
     assert expected in str(stopped.value) and "\n" not in str(stopped.value)
 
 
-def test_calibration_size_is_refused_among_a_data_sets_arguments(tmp_path):
+def test_calibration_size_is_refused_among_a_data_sets_arguments(tmp_path, tiny_benchmark):
     with pytest.raises(BenchmarkConfigError, match="move it to conformal"):
-        load_benchmark(_config(tmp_path, data={"max_rows": 400, "calibration_size": 0.1}))
+        load_benchmark(tiny_benchmark(data={"max_rows": 400, "calibration_size": 0.1}))
 
 
-def test_the_conformal_settings_enter_the_fingerprint_and_none_keeps_the_old_one(tmp_path):
+def test_the_conformal_settings_enter_the_fingerprint_and_none_keeps_the_old_one(tmp_path, tiny_benchmark):
     tables = {"mlc_churn": {"files": {}}, "diamonds": {"files": {}}}
     cell = cells.Cell("default", "mlc_churn", "xgboost", 0)
 
     def fingerprint(conformal: dict | None) -> dict:
         changes = {} if conformal is None else {"conformal": conformal}
-        return cells.cell_fingerprint(load_benchmark(_config(tmp_path, **changes)), cell, tables)
+        return cells.cell_fingerprint(load_benchmark(tiny_benchmark(**changes)), cell, tables)
 
     default = fingerprint(None)
     assert default["conformal"] == {"alpha": 0.1, "calibration_size": 0.1, "calibrate_on": "train", "seed": 0}
@@ -213,7 +193,7 @@ def test_the_conformal_settings_enter_the_fingerprint_and_none_keeps_the_old_one
     none = fingerprint({"calibrate_on": "none"})
     assert "conformal" not in none  # a store made before conformal scores existed stays current
     assert first_difference(none, default).startswith("conformal: absent then")
-    config = load_benchmark(_config(tmp_path))
+    config = load_benchmark(tiny_benchmark())
     names = {cells.tuning_study_name(config, cell, fingerprint(c))
              for c in (None, {"alpha": 0.05}, {"calibrate_on": "train"})}
     assert len(names) == 1  # alpha decides no tuning trial: one study
@@ -221,10 +201,11 @@ def test_the_conformal_settings_enter_the_fingerprint_and_none_keeps_the_old_one
 
 
 @pytest.mark.parametrize("calibrate_on", ["train", "none"])
-def test_a_cell_from_before_fingerprints_is_adopted_as_fitted_without_a_carve(tmp_path, calibrate_on):
+def test_a_cell_from_before_fingerprints_is_adopted_as_fitted_without_a_carve(tmp_path, calibrate_on,
+                                                                            tiny_benchmark):
     import optuna
 
-    config = load_benchmark(_config(tmp_path, conformal={"calibrate_on": calibrate_on}))
+    config = load_benchmark(tiny_benchmark(conformal={"calibrate_on": calibrate_on}))
     tables = {"mlc_churn": {"files": {}}, "diamonds": {"files": {}}}
     fingerprints = {c.key: cells.cell_fingerprint(config, c, tables) for c in cells.wanted_cells(config)}
     study = optuna.create_study()
@@ -240,14 +221,14 @@ def test_a_cell_from_before_fingerprints_is_adopted_as_fitted_without_a_carve(tm
 
 
 @pytest.mark.slow  # three commands (about 15 s); the fingerprint itself is tested above
-def test_changed_conformal_settings_refuse_a_rerun_until_refit(tmp_path):
+def test_changed_conformal_settings_refuse_a_rerun_until_refit(tmp_path, tiny_benchmark):
     xgb = {"xgboost": {"kind": "xgboost", "params": {"n_estimators": 20}}}
     out = tmp_path / "out"
-    main(["benchmark", "-c", str(_config(tmp_path, datasets=["mlc_churn"], models=xgb,
+    main(["benchmark", "-c", str(tiny_benchmark(datasets=["mlc_churn"], models=xgb,
                                          conformal={"calibrate_on": "none"})), "--out", str(out)])
     before = pd.read_csv(out / "results.csv")
     assert "test_lac_coverage" not in before and "test_ece" in before and before["train_rows"].iloc[0] == 240
-    config = _config(tmp_path, datasets=["mlc_churn"], models=xgb)
+    config = tiny_benchmark(datasets=["mlc_churn"], models=xgb)
     with pytest.raises(SystemExit, match=r"first: default/mlc_churn/xgboost/0: conformal: absent then"):
         main(["benchmark", "-c", str(config), "--out", str(out)])
     main(["benchmark", "-c", str(config), "--out", str(out), "--refit_changed"])
@@ -256,9 +237,9 @@ def test_changed_conformal_settings_refuse_a_rerun_until_refit(tmp_path):
     assert (after["train_rows"] + after["calibration_rows"]).tolist() == [240]  # 40 of the 400 rows carved
 
 
-def test_a_gbdt_and_an_ensemble_cell_both_record_the_new_columns(tmp_path):
+def test_a_gbdt_and_an_ensemble_cell_both_record_the_new_columns(tmp_path, tiny_benchmark):
     out = tmp_path / "out"
-    main(["benchmark", "-c", str(_config(tmp_path)), "--out", str(out)])
+    main(["benchmark", "-c", str(tiny_benchmark()), "--out", str(out)])
     results = pd.read_csv(out / "results.csv").set_index(["dataset", "model"])
     classification = ["test_ece", "test_brier", "test_nll", "test_lac_coverage", "test_lac_set_size",
                       "test_aps_coverage", "test_aps_set_size"]
