@@ -78,7 +78,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader
 
 from experiments.claim_rows import ClaimRow, Verdict, claims_table, mean_std, verdict
-from experiments.runs import quiet_lightning, results_dir, shown_path
+from experiments.runs import quiet_lightning, results_dir, shown_path, write_text
 from experiments.uq_comparison import train
 from ripieno.callbacks import LastLayerSampler
 from ripieno.framework.cli.recipes import find_recipe
@@ -536,15 +536,15 @@ def claim_rows(out: Path, *, reduced: bool) -> list[ClaimRow]:
     command = ("OMP_NUM_THREADS=1 python -m experiments.claims_glm_regression"
                + (" --reduced" if reduced else "") + f" --out {shown_path(out)}")
     row = claim_row(frame, budget, reduced, command)
-    frame.to_csv(out / "glm_regression.csv", index=False)
-    (out / "glm_regression.md").write_text(summary_table(frame))
-    (out / "claims.md").write_text(claims_table([row]))
+    write_text(out / "glm_regression.csv", frame.to_csv(index=False))  # each file atomically
+    write_text(out / "glm_regression.md", summary_table(frame))
+    write_text(out / "claims.md", claims_table([row]))
     settings = {"budget": dataclasses.asdict(budget), "reduced": reduced, "wall_seconds": round(wall, 1),
                 "torch_threads": torch.get_num_threads(), "recipe": RECIPE, "network": NETWORK,
                 "map_epochs": {table: map_epochs(table, budget) for table in budget.tables},
                 "reference": REFERENCE, "margins": MARGINS, "ece_levels": ECE_LEVELS,
                 "paper_ece_levels": PAPER_ECE_LEVELS, "command": command}
-    (out / "settings.json").write_text(json.dumps(settings, indent=2) + "\n")
+    write_text(out / "settings.json", json.dumps(settings, indent=2) + "\n")
     return [row]
 
 
