@@ -8,10 +8,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
-import numpy as np
-import pandas as pd
 import pytest
 import yaml
+from helpers.tables import make_table
 
 os.environ.setdefault("JSONARGPARSE_DEPRECATION_WARNINGS", "off")
 # Generated tokenizers, backbones and feature caches go to ripieno's cache folder: a fresh one per
@@ -29,23 +28,6 @@ def _remove_test_cache() -> None:
 
 
 atexit.register(_remove_test_cache)
-
-
-def make_table(n: int = 240, seed: int = 0, task: str = "regression") -> pd.DataFrame:
-    """A small mixed-type table with a learnable target."""
-    rng = np.random.default_rng(seed)
-    x1, x2 = rng.normal(size=n), rng.uniform(-1, 1, size=n)
-    colour = rng.choice(["red", "green", "blue"], size=n)
-    signal = x1 + 0.5 * x2 + (colour == "red")
-    frame = pd.DataFrame({"x1": x1, "x2": x2, "count": rng.integers(0, 20, size=n), "colour": colour})
-    if task == "regression":
-        frame["y"] = signal + 0.1 * rng.normal(size=n)
-    elif task == "binary":
-        frame["y"] = np.where(signal > signal.mean(), "yes", "no")
-    else:
-        frame["y"] = np.digitize(signal, np.quantile(signal, [1 / 3, 2 / 3])).astype(str)
-        frame["y"] = "class_" + frame["y"]
-    return frame
 
 
 @pytest.fixture

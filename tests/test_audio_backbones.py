@@ -4,7 +4,7 @@ import json
 
 import pytest
 import torch
-from test_backbone_datamodules import write_audio_folder
+from helpers.media import write_audio_folder
 from transformers import (
     Wav2Vec2Config,
     Wav2Vec2FeatureExtractor,

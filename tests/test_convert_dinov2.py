@@ -7,7 +7,7 @@ package's own letterboxed preprocessing where its dependencies are installed.
 
 Each of those 14 outputs from onnxruntime (float32) is compared with the converted model run in
 float64, within ``ROUNDING_FACTOR`` times what float32 rounding does to the same graph on the same
-host (our float32 run; ``tests/float_tolerance.py``): onnxruntime's MLAS kernels differ by CPU, so a
+host (our float32 run; ``tests/helpers/float_tolerance.py``): onnxruntime's MLAS kernels differ by CPU, so a
 flat tolerance tuned on one host does not carry. Measured on an AMD EPYC (Zen 4, 2 vCPUs, onnxruntime
 1.32, torch 2.14) on the two photos, relative RMS from float64 per output (embeddings, layers 1-12,
 final layer norm): our float32 5.4e-7, 9.6e-7 ... 1.9e-6 (layer 5) ... 8.1e-7, 1.0e-6; onnxruntime
@@ -33,7 +33,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from float_tolerance import RoundingCheck, check_within_rounding
+from helpers.float_tolerance import RoundingCheck, check_within_rounding
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")

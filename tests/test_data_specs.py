@@ -7,7 +7,7 @@ import io
 import pytest
 import torch
 import yaml
-from conftest import make_table
+from helpers.tables import make_table
 
 from ripieno.datamodules.vision_backbone import BackboneDataSpec as ReExportedBackboneSpec
 from ripieno.framework.errors import RipienoInputError

@@ -3,7 +3,7 @@
 import lightning as L
 import pytest
 import torch
-from ddp_helpers import DestroyGlooAtExit
+from helpers.ddp import DestroyGlooAtExit
 from transformers import BertConfig, BertModel
 
 from ripieno.callbacks import ElasticAveraging, GeoReg, ReplicaCoupling, RoutingResampler

@@ -13,7 +13,7 @@ import lightning as L
 import pytest
 import torch
 import torch.nn.functional as F
-from ddp_helpers import DestroyGlooAtExit
+from helpers.ddp import DestroyGlooAtExit
 from torch import nn
 from torch.utils.data import DataLoader
 

@@ -6,7 +6,7 @@ import lightning as L
 import numpy as np
 import pytest
 import torch
-from ddp_helpers import DestroyGlooAtExit
+from helpers.ddp import DestroyGlooAtExit
 from scipy.special import softmax
 from scipy.stats import entropy
 from torch import nn

@@ -108,7 +108,7 @@ def _wav2vec2(tmp_path):
 
 def test_audiofolder_files_keep_their_splits_and_decode_with_soundfile(tmp_path):
     import numpy as np
-    from test_backbone_datamodules import write_audio_folder
+    from helpers.media import write_audio_folder
 
     from ripieno.datamodules.audio import AudioDataModule, read_audio
 
@@ -205,7 +205,7 @@ def test_tabular_parquet_files_with_official_validation(tmp_path):
 
 # --------------------------------------------------------------------------------- images
 def test_imagefolder_files_and_saved_images_keep_official_splits(tmp_path):
-    from test_backbone_datamodules import write_image_folder
+    from helpers.media import write_image_folder
 
     from ripieno.datamodules.vision_backbone import BackboneImageDataModule, ImagePreprocessor
     from ripieno.framework.backbones.small_models import build_small_dinov2

@@ -69,8 +69,13 @@ def test_bad_settings_stop_at_construction_before_anything_is_written(groups, ma
 
 
 def test_k_counts_the_embedding_output_when_it_is_a_candidate() -> None:
+    # 4 blocks: k=5 is refused without the embedding output (the case above) and accepted with it
     backbone = BackboneConfig(build="gpt2", include_embedding_output=True)
-    LayerEmbeddingDataModule(TextDataModule, backbone=backbone, selection=SelectionConfig(k=5))
+    dm = LayerEmbeddingDataModule(TextDataModule, backbone=backbone, selection=SelectionConfig(k=5))
+    assert dm.hparams.selection["k"] == 5 and dm.hparams.backbone["include_embedding_output"] is True
+    with pytest.raises(DataModuleError, match="k=5 exceeds the 4 candidate hidden states"):
+        LayerEmbeddingDataModule(TextDataModule, backbone=BackboneConfig(build="gpt2"),
+                                 selection=SelectionConfig(k=5))
 
 
 def test_hparams_are_plain_values_a_checkpoint_loads_with_weights_only(tmp_path) -> None:

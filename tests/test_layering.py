@@ -141,3 +141,20 @@ def test_callbacks_and_datamodules_do_not_import_the_command_or_each_other():
              if _room(m) in ("callbacks", "datamodules")
              and (_room(t) == "cli" or {_room(m), _room(t)} == {"callbacks", "datamodules"})]
     assert wrong == []
+
+
+def test_no_test_module_imports_another_test_module() -> None:
+    # shared pieces live in tests/helpers/ (as Lightning's tests_pytorch/helpers); a test file or conftest
+    # imported by name runs its module-level code twice and couples unrelated tests
+    offenders = []
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue
+            offenders += [f"{path.relative_to(ROOT)}:{node.lineno} imports {name}" for name in names
+                          if name.split(".")[0] == "conftest" or name.split(".")[0].startswith("test_")]
+    assert not offenders, "\n".join(offenders)

@@ -3,7 +3,7 @@
 import lightning as L
 import pytest
 import torch
-from ddp_helpers import DestroyGlooAtExit
+from helpers.ddp import DestroyGlooAtExit
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from ripieno.callbacks import DiversityMonitor, ElasticAveraging, ReplicaCoupling, RoutingResampler

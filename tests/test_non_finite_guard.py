@@ -153,7 +153,7 @@ def test_under_ddp_every_rank_stops_when_one_sees_nan(tmp_path: Path) -> None:
 
 def _ddp_run(root: str) -> None:
     """Two ``ddp_spawn`` ranks; only rank 1's loss turns NaN at step 2. Neither may hang."""
-    from ddp_helpers import DestroyGlooAtExit
+    from helpers.ddp import DestroyGlooAtExit
 
     trainer = _trainer(Path(root), NonFiniteGuard(), DestroyGlooAtExit(), devices=2, strategy="ddp_spawn")
     trainer.fit(Regression(nan_step=2, nan_rank=1), _loader(), _loader())

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from conftest import make_table
+from helpers.tables import make_table
 
 from ripieno.datamodules import TabularDataError
 from ripieno.datamodules.tabular import read_table

@@ -7,7 +7,7 @@ import json
 import lightning as L
 import pytest
 import torch
-from ddp_helpers import DestroyGlooAtExit
+from helpers.ddp import DestroyGlooAtExit
 from torch import nn
 from torch.utils.data import DataLoader
 from torchmetrics.functional.classification import multiclass_calibration_error

@@ -5,7 +5,7 @@ from functools import partial
 
 import pytest
 import torch
-from test_backbone_datamodules import write_image_folder
+from helpers.media import write_image_folder
 
 from ripieno.datamodules import LayerEmbeddingDataModule
 from ripieno.datamodules.base import DataModuleError
@@ -110,7 +110,7 @@ def test_a_users_module_with_named_layers(images, tmp_path):
 @pytest.mark.slow
 def test_ddp_spawn_runs_the_backbone_once(images, tmp_path):
     import lightning as L
-    from ddp_helpers import CountingCNN, DestroyGlooAtExit
+    from helpers.ddp import CountingCNN, DestroyGlooAtExit
 
     from ripieno.framework.backbones.small_models import build_small_dinov2
 

@@ -8,7 +8,7 @@ at the first test batch, after the whole training; so every sampler needs ``n_sa
 import lightning as L
 import pytest
 import torch
-from test_glm_callback import TinyClassifier, TinyData
+from helpers.tiny_lightning import TinyClassifier, TinyData
 
 from ripieno.callbacks import (
     DeepEnsembleSampler,

@@ -4,7 +4,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from conftest import make_table
+from helpers.tables import make_table
 from sklearn.preprocessing import QuantileTransformer
 
 from ripieno.datamodules import TabularDataError, TabularDataModule

@@ -6,7 +6,7 @@ import json
 import lightning as L
 import pytest
 import torch
-from ddp_helpers import DestroyGlooAtExit
+from helpers.ddp import DestroyGlooAtExit
 from torch import nn
 from torch.utils.data import DataLoader
 

@@ -5,7 +5,7 @@ import importlib.util
 import lightning as L
 import pytest
 import torch
-from ddp_helpers import DestroyGlooAtExit
+from helpers.ddp import DestroyGlooAtExit
 
 from ripieno.callbacks import DiversityMonitor
 from ripieno.datamodules import TabularDataModule
