@@ -158,3 +158,30 @@ def test_no_test_module_imports_another_test_module() -> None:
             offenders += [f"{path.relative_to(ROOT)}:{node.lineno} imports {name}" for name in names
                           if name.split(".")[0] == "conftest" or name.split(".")[0].startswith("test_")]
     assert not offenders, "\n".join(offenders)
+
+
+def _on_super(node: ast.Attribute) -> bool:
+    """``super().name``: an override calling the hook it overrides (listed in the door, checked there)."""
+    value = node.value
+    return isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id == "super"
+
+
+def test_lightnings_private_names_are_reached_only_through_one_door() -> None:
+    from ripieno.framework.cli.lightning_private import CLI_ATTRIBUTES, PRIVATE_NAMES
+
+    door = MODULES["ripieno.framework.cli.lightning_private"]
+    attributes = {entry.name for entry in PRIVATE_NAMES if entry.kind in ("attribute", "hook")}
+    offenders = []
+    for name, path in MODULES.items():
+        if path == door:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "lightning":
+                offenders += [f"{name}:{node.lineno} imports {node.module}.{a.name}" for a in node.names
+                              if a.name.startswith("_") or "._" in f".{node.module}"]
+            elif isinstance(node, ast.Attribute) and node.attr in attributes and not _on_super(node):
+                offenders.append(f"{name}:{node.lineno} touches .{node.attr}")
+            elif (isinstance(node, ast.Attribute) and node.attr in CLI_ATTRIBUTES
+                  and not (isinstance(node.value, ast.Name) and node.value.id == "self")):
+                offenders.append(f"{name}:{node.lineno} reads LightningCLI's .{node.attr} from outside")
+    assert not offenders, "\n".join(offenders)

@@ -30,16 +30,14 @@ from contextlib import contextmanager
 from functools import cached_property
 from os import PathLike
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import lightning as L
 import yaml
-from lightning.fabric.utilities.types import _PATH
-from lightning.pytorch.core.saving import _load_state  # load_from_checkpoint's own steps
-from lightning.pytorch.utilities.migration.utils import _pl_migrate_checkpoint
 from typing_extensions import override
 
 from ripieno.framework.checkpoint_file import lending_checkpoint, lent_checkpoint, read_checkpoint
+from ripieno.framework.cli.lightning_private import load_module_state, migrate_checkpoint
 from ripieno.framework.cli.resume_check import (
     CLASS_KEY,
     IGNORED_KEYS,
@@ -196,9 +194,9 @@ class CheckpointRequest:
 
     def load_module(self, cls: type[L.LightningModule]) -> L.LightningModule:
         """``cls.load_from_checkpoint`` on what was read (on the CPU), without reading the file again."""
-        checkpoint = _pl_migrate_checkpoint(dict(self.checkpoint), checkpoint_path=self.file)
+        checkpoint = migrate_checkpoint(dict(self.checkpoint), self.file)
         checkpoint.setdefault(cls.CHECKPOINT_HYPER_PARAMS_KEY, {})
-        return cast(L.LightningModule, _load_state(cls, checkpoint))
+        return load_module_state(cls, checkpoint)
 
     def _own_settings(self, differences: list[Difference]) -> str | None:
         """How to run the checkpoint with its own settings: its run's config, else overrides (no file)."""
@@ -269,7 +267,7 @@ class LendingCheckpointIO(AtomicCheckpointIO):
     """
 
     @override
-    def load_checkpoint(self, path: _PATH, map_location: Any | None = None,  # noqa: ANN401
+    def load_checkpoint(self, path: str | Path, map_location: Any | None = None,  # noqa: ANN401
                         weights_only: bool | None = None) -> dict[str, Any]:
         lent = lent_checkpoint(path) if isinstance(path, str | PathLike) and "://" not in str(path) else None
         if lent is not None:

@@ -51,11 +51,12 @@ from typing import Any, Literal
 import lightning as L
 from jsonargparse import DefaultHelpFormatter, Namespace, set_dumper
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI, _get_module_type
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.plugins.io import CheckpointIO
 from lightning.pytorch.strategies import Strategy
 from lightning.pytorch.trainer.states import TrainerStatus
+from typing_extensions import override
 
 from ripieno.framework.cli.checkpoint_request import (  # noqa: F401 - names of this module before
     LIGHTNING_CKPT_NAMES,
@@ -66,6 +67,11 @@ from ripieno.framework.cli.checkpoint_request import (  # noqa: F401 - names of 
 )
 from ripieno.framework.cli.config_errors import ConfigError, explain_config_error
 from ripieno.framework.cli.help_text import plain
+from ripieno.framework.cli.lightning_private import (
+    automatic_optimizer_links,
+    has_own_checkpoint_io,
+    module_type,
+)
 from ripieno.framework.cli.monitor_check import FirstValidationCheck, check_monitors
 from ripieno.framework.cli.nested_nulls import nest_null_overrides
 from ripieno.framework.cli.optimizer_config import Interval, attach_optimizer_config
@@ -161,13 +167,15 @@ class RipienoCLI(LightningCLI):
             release_unused(self._claimed)  # a run that stopped early leaves no empty version folder
             raise
 
+    @override
     def _add_instantiators(self) -> None:
         """Lightning's instantiators, for each section's own class only (``section_instantiator``)."""
         for key, base, subclasses in (("model", self._model_class, self.subclass_mode_model),
                                       ("data", self._datamodule_class, self.subclass_mode_data)):
-            self.parser.add_instantiator(SectionInstantiator(self, key, _get_module_type(base)),
-                                         _get_module_type(base), subclasses=subclasses)
+            self.parser.add_instantiator(SectionInstantiator(self, key, module_type(base)),
+                                         module_type(base), subclasses=subclasses)
 
+    @override
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         """Link ``data.spec`` -> ``model.data_spec``; add ripieno's options (``--test_after_fit`` ...)."""
         parser.link_arguments(
@@ -194,6 +202,7 @@ class RipienoCLI(LightningCLI):
                  " 'epoch').",
         )
 
+    @override
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:  # noqa: ANN401
         """Parse, and turn a parser error into a ``ConfigError`` that leads with the offending key.
 
@@ -216,6 +225,7 @@ class RipienoCLI(LightningCLI):
             files = [words[i + 1] for i, w in enumerate(words[:-1]) if w in CONFIG_FLAGS]
             raise ConfigError(explain_config_error(str(error), options, files)) from None
 
+    @override
     def _parse_ckpt_path(self) -> None:
         """Read ``--ckpt_path`` once and check that it holds the config's model (class docstring)."""
         request = self._checkpoint_request()
@@ -268,6 +278,7 @@ class RipienoCLI(LightningCLI):
             sys.stderr.write("Parsing of ckpt_path hyperparameters failed!\n")
             raise
 
+    @override
     def before_instantiate_classes(self) -> None:
         """Default CSV logger with a claimed version, the guard, ``weights_only`` loading.
 
@@ -295,6 +306,7 @@ class RipienoCLI(LightningCLI):
             else:
                 check_writable(root, "the run's outputs")
 
+    @override
     def instantiate_trainer(self, **kwargs: Any) -> Any:  # noqa: ANN401
         """The Trainer; without a configured logger, a CSV logger in a claimed ``logs/version_N``.
 
@@ -313,6 +325,7 @@ class RipienoCLI(LightningCLI):
             kwargs["plugins"] = _with_atomic_checkpoints(trainer.get("plugins"), trainer.get("strategy"))
         return super().instantiate_trainer(**kwargs)
 
+    @override
     def _run_subcommand(self, subcommand: str) -> None:
         """Claim the run's ``config.yaml`` before the Trainer opens the run folder, then run.
 
@@ -341,6 +354,7 @@ class RipienoCLI(LightningCLI):
         return (f"ripieno: interrupted at {where}. Last checkpoint: {last}\n"
                 f"ripieno: resume with: ripieno {subcommand} -c {config_arg} --ckpt_path {last}")
 
+    @override
     def _add_configure_optimizers_method_to_model(self, subcommand: str | None) -> None:
         """``--optimizer`` / ``--lr_scheduler`` over the module's own parameter groups (``optimizer_config``).
 
@@ -349,7 +363,7 @@ class RipienoCLI(LightningCLI):
         or linked elsewhere keep LightningCLI's handling.
         """
         parser = self._parser(subcommand)
-        registered = {key: link for key, (_, link) in {**parser._optimizers, **parser._lr_schedulers}.items()}
+        registered = automatic_optimizer_links(parser)
         if registered != {"optimizer": "AUTOMATIC", "lr_scheduler": "AUTOMATIC"}:
             super()._add_configure_optimizers_method_to_model(subcommand)
             return
@@ -358,6 +372,7 @@ class RipienoCLI(LightningCLI):
             interval=self._get(self.config_init, "lr_scheduler_interval", "auto"),
             check=subcommand in (None, "fit"))
 
+    @override
     def after_instantiate_classes(self) -> None:
         """Before anything runs: the checkpoint's whole model (data spec included), the monitors."""
         super().after_instantiate_classes()
@@ -529,7 +544,7 @@ def _with_atomic_checkpoints(plugins: Any, strategy: Any) -> list[Any]:  # noqa:
     carries a CheckpointIO of its own are left as they are.
     """
     listed = list(plugins) if isinstance(plugins, list | tuple) else ([] if plugins is None else [plugins])
-    own_io = isinstance(strategy, Strategy) and strategy._checkpoint_io is not None
+    own_io = isinstance(strategy, Strategy) and has_own_checkpoint_io(strategy)
     special = isinstance(strategy, str) and any(name in strategy for name in ("deepspeed", "xla"))
     if own_io or special or any(isinstance(p, CheckpointIO) for p in listed):
         return listed

@@ -28,11 +28,11 @@ from typing import Any
 
 import lightning as L
 from jsonargparse import Namespace
-from lightning.fabric.utilities.rank_zero import _get_rank
 from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 from typing_extensions import override
 
+from ripieno.framework.cli.lightning_private import launcher_rank, logger_version, set_logger_version
 from ripieno.framework.errors import RipienoInputError, file_problem
 from ripieno.framework.outputs.output_files import (
     OutputWriteError,
@@ -73,7 +73,7 @@ def claim_version(root: str | Path) -> int:
 
 def first_process() -> bool:
     """Whether this is the job's first process (``RANK``/``LOCAL_RANK`` unset or 0), which claims."""
-    return _get_rank() in (None, 0)
+    return launcher_rank() in (None, 0)
 
 
 def claim_logger_versions(trainer_config: Namespace) -> dict[Path, int]:
@@ -105,10 +105,10 @@ def claim_logger_versions(trainer_config: Namespace) -> dict[Path, int]:
 def use_claimed_versions(loggers: Iterable[Logger], claimed: dict[Path, int]) -> None:
     """Give each file logger without a version the one claimed for its folder."""
     for logger in loggers:
-        if isinstance(logger, FILE_LOGGERS) and logger._version is None:  # set by the constructor only
+        if isinstance(logger, FILE_LOGGERS) and logger_version(logger) is None:  # set by the constructor only
             root = Path(logger.save_dir or ".") / logger.name if logger.name else Path(logger.save_dir or ".")
             if root in claimed:
-                logger._version = claimed[root]
+                set_logger_version(logger, claimed[root])
 
 
 def release_unused(claimed: dict[Path, int]) -> None:

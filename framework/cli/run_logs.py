@@ -32,10 +32,11 @@ import struct
 from collections.abc import Iterable
 from pathlib import Path
 
-from lightning.pytorch.loggers import CSVLogger, Logger
+from lightning.pytorch.loggers import Logger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from typing_extensions import override
 
+from ripieno.framework.cli.lightning_private import csv_logger_unstarted, set_csv_experiment
 from ripieno.framework.outputs.output_files import atomic_output
 
 EVENTS_PREFIX = "events.out.tfevents."
@@ -81,8 +82,8 @@ def keep_csv_logs(loggers: Iterable[Logger]) -> None:
     creates the run folder); spawned processes receive the writer with the logger.
     """
     for logger in loggers:
-        if isinstance(logger, CSVLogger) and logger._experiment is None:  # set by `experiment` on first use
-            logger._experiment = KeepingExperimentWriter(log_dir=logger.log_dir)
+        if csv_logger_unstarted(logger):  # its writer is made by `experiment` on first use
+            set_csv_experiment(logger, KeepingExperimentWriter(log_dir=logger.log_dir))
 
 
 def event_files(folder: str | Path) -> list[Path]:

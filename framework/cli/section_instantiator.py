@@ -13,10 +13,12 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from lightning.pytorch.cli import LightningCLI, _InstantiatorFn
+from lightning.pytorch.cli import LightningCLI
+
+from ripieno.framework.cli.lightning_private import InstantiatorFn, dump_config
 
 
-class SectionInstantiator(_InstantiatorFn):
+class SectionInstantiator(InstantiatorFn):
     """``_InstantiatorFn`` for the class of config section ``key``; other classes are built plainly.
 
     Args:
@@ -47,7 +49,7 @@ class SectionInstantiator(_InstantiatorFn):
         self, class_type: type, *args: Any, applied_instantiation_links: dict, **kwargs: Any  # noqa: ANN401
     ) -> Any:  # noqa: ANN401
         """Build ``class_type``: with the section's hyperparameters if it is the section's class."""
-        self.cli._dump_config()
+        dump_config(self.cli)
         class_path = (self.cli.config_dump.get(self.key) or {}).get("class_path")
         if _resolve(class_path, self.default) is not class_type:
             return class_type(*args, **kwargs)

@@ -34,12 +34,14 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+from typing_extensions import override
 
 from ripieno.framework.checkpoint_file import CheckpointFileError
 from ripieno.framework.cli.checkpoint_request import CheckpointRequest
 from ripieno.framework.cli.command import CONFIG_FLAGS, RipienoCLI, quiet_cli_notices, resolve_config_args
 from ripieno.framework.cli.error_lines import one_line_error
 from ripieno.framework.cli.help_text import plain
+from ripieno.framework.cli.lightning_private import current_checkpoint
 from ripieno.framework.cli.recipes import RecipeNotFoundError
 from ripieno.framework.errors import file_problem
 from ripieno.framework.methods.member_selection import METHODS, METRICS
@@ -75,6 +77,7 @@ class _SelectMembersCLI(RipienoCLI):
     them (the checkpoint is ``select_members``' own ``--ckpt_path``).
     """
 
+    @override
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         """RipienoCLI's arguments, plus every subcommand's own keys, accepted and unused."""
         super().add_arguments_to_parser(parser)
@@ -166,7 +169,7 @@ def _output(options: argparse.Namespace, ckpt: Path, configs: list[Path]) -> tup
 
 def _save(trainer: L.Trainer, path: Path, default_name: bool, replace: bool) -> Path:
     """Write the trainer's checkpoint atomically; the default name is never replaced (module docstring)."""
-    checkpoint = trainer._checkpoint_connector.dump_checkpoint(weights_only=False)
+    checkpoint = current_checkpoint(trainer, weights_only=False)
     if default_name:
         buffer = io.BytesIO()
         torch.save(checkpoint, buffer)

@@ -20,16 +20,16 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.strategies.launchers.multiprocessing import _MultiProcessingLauncher
 from lightning.pytorch.trainer.states import TrainerFn
 from typing_extensions import override
 
+from ripieno.framework.cli.lightning_private import MultiProcessingLauncher, replace_spawn_launcher
 from ripieno.framework.cli.process_group_exit import close_process_group
 
 _KEY = "ripieno_fit_state"
 
 
-class ResultsKeepingLauncher(_MultiProcessingLauncher):
+class ResultsKeepingLauncher(MultiProcessingLauncher):
     """Lightning's multiprocessing launcher that also returns the fit's progress and checkpoint state.
 
     Its workers close their process group after the work, before the process exits.
@@ -69,7 +69,5 @@ class ResultsKeepingLauncher(_MultiProcessingLauncher):
 
 def keep_spawned_results(trainer: L.Trainer) -> None:
     """Give ``trainer``'s strategy a ``ResultsKeepingLauncher`` if it launches with multiprocessing."""
-    strategy = trainer.strategy
-    launcher = getattr(strategy, "_launcher", None)
-    if type(launcher) is _MultiProcessingLauncher:  # exactly Lightning's: a user's own launcher is kept
-        strategy._launcher = ResultsKeepingLauncher(strategy, start_method=launcher._start_method)
+    # exactly Lightning's launcher only: a user's own launcher is kept
+    replace_spawn_launcher(trainer.strategy, ResultsKeepingLauncher)

@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from lightning.fabric.utilities.types import _PATH
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from typing_extensions import override
 
@@ -45,7 +44,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     """
 
     @override
-    def save_checkpoint(self, checkpoint: dict[str, Any], path: _PATH,
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path,
                         storage_options: Any | None = None) -> None:  # noqa: ANN401
         if storage_options is not None or "://" in str(path):
             super().save_checkpoint(checkpoint, path, storage_options)

@@ -23,9 +23,10 @@ from typing import Any
 import lightning as L
 import yaml
 from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.cli import _get_module_type
+from typing_extensions import override
 
 from ripieno.framework.cli.command import RipienoCLI, quiet_cli_notices
+from ripieno.framework.cli.lightning_private import dump_config, module_type
 from ripieno.framework.cli.section_instantiator import SectionInstantiator, _resolve
 from ripieno.framework.messages import quiet_lightning
 
@@ -114,7 +115,7 @@ class _CachedDataInstantiator(SectionInstantiator):
         **kwargs: Any,
     ) -> Any:  # noqa: ANN401
         cli, cache = self.trial_cli, self.trial_cli.data_cache
-        self.cli._dump_config()
+        dump_config(self.cli)
         class_path = (self.cli.config_dump.get("data") or {}).get("class_path")
         own = (
             cache is not None
@@ -145,9 +146,10 @@ class TrialCLI(RipienoCLI):
         self.data_key: str | None = None
         super().__init__(*args, **kwargs)
 
+    @override
     def _add_instantiators(self) -> None:
         """``RipienoCLI``'s instantiators, the data section's through the worker's cache."""
-        model_base, data_base = _get_module_type(self._model_class), _get_module_type(self._datamodule_class)
+        model_base, data_base = module_type(self._model_class), module_type(self._datamodule_class)
         self.parser.add_instantiator(
             SectionInstantiator(self, "model", model_base), model_base, subclasses=self.subclass_mode_model
         )
@@ -155,6 +157,7 @@ class TrialCLI(RipienoCLI):
             _CachedDataInstantiator(self, data_base), data_base, subclasses=self.subclass_mode_data
         )
 
+    @override
     def before_instantiate_classes(self) -> None:
         """The data section's cache key (it and the seed), then ``RipienoCLI``'s preparations."""
         if self.data_cache is not None:
