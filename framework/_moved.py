@@ -7,6 +7,9 @@ placed on ``sys.meta_path`` the first time ``ripieno.framework`` is imported ans
 exactly these names and no others, so importing an old path gives the new module object
 itself (``ripieno.framework.tabular_spec is ripieno.framework.specs.tabular``). New code and
 the shipped recipes use the new paths.
+
+Each old path warns once per process with a ``DeprecationWarning`` naming its new path and the
+release that removes it (``REMOVED_IN``), attributed to the line that imported it.
 """
 
 from __future__ import annotations
@@ -16,7 +19,11 @@ import importlib.abc
 import importlib.machinery
 import sys
 import types
+import warnings
 from collections.abc import Sequence
+
+#: The ripieno release that removes the old paths (and ``ripieno.framework.cli``'s old names).
+REMOVED_IN = "0.3.0"
 
 MOVED: dict[str, str | tuple[str, ...]] = {
     "ripieno.framework.checkpoint_io": "ripieno.framework.outputs.checkpoint_io",
@@ -75,6 +82,9 @@ class _MovedModuleLoader(importlib.abc.Loader):
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
         """The new module itself (or a union of the modules that share a split module's names)."""
         target = MOVED[spec.name]
+        new = " and ".join(target) if isinstance(target, tuple) else target
+        warnings.warn(f"{spec.name} is now {new}: import it from there (the old path is removed in ripieno"
+                      f" {REMOVED_IN})", DeprecationWarning, stacklevel=importer_stacklevel())
         if isinstance(target, tuple):
             return _UnionModule(spec.name, target)
         return importlib.import_module(target)
@@ -92,6 +102,20 @@ class MovedModuleFinder(importlib.abc.MetaPathFinder):
         if fullname not in MOVED:
             return None
         return importlib.machinery.ModuleSpec(fullname, _MovedModuleLoader())
+
+
+def importer_stacklevel() -> int:
+    """The ``stacklevel`` that attributes a warning to the code that ran the import statement.
+
+    Between it and the warning lie this module's frames and the import system's
+    (``<frozen importlib...>``); ``warnings.warn`` skips the latter itself, so only ours are counted.
+    """
+    frame, level = sys._getframe(1), 1
+    while frame is not None and (frame.f_code.co_filename.startswith("<frozen importlib")
+                                 or frame.f_code.co_filename == __file__):
+        level += frame.f_code.co_filename == __file__
+        frame = frame.f_back
+    return level
 
 
 def install() -> None:

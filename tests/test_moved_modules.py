@@ -9,7 +9,7 @@ import sys
 import pytest
 
 import ripieno.framework  # noqa: F401  (installs the finder)
-from ripieno.framework._moved import MOVED, MovedModuleFinder
+from ripieno.framework._moved import MOVED, REMOVED_IN, MovedModuleFinder
 
 
 @pytest.mark.parametrize("old", sorted(MOVED))
@@ -42,3 +42,26 @@ def test_old_dotted_names_in_user_code_work_in_a_fresh_process():
             "import ripieno.framework.estimators as e; print(e.__name__)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "ripieno.framework.methods.estimators"
+
+
+def test_old_paths_and_names_warn_once_naming_the_new_path_and_the_removal():
+    # in a fresh process: a module imported once is cached, and the warning belongs to that first import
+    code = ("from ripieno.framework.schedules import WarmupCosineLR\n"
+            "import ripieno.framework.schedules\n"  # cached: no second warning
+            "from ripieno.framework.cli import RipienoCLI, main, checkpoint_request\n"  # current names: none
+            "from ripieno.framework.cli import resolve_config_args\n"
+            "import ripieno.framework.loes.features\n")
+    out = subprocess.run([sys.executable, "-W", "default::DeprecationWarning", "-c", code],
+                         capture_output=True, text=True, check=True)
+    lines = [line for line in out.stderr.splitlines() if "DeprecationWarning" in line and "ripieno" in line]
+    removal = f"the old path is removed in ripieno {REMOVED_IN}"
+    assert lines == [
+        "<string>:1: DeprecationWarning: ripieno.framework.schedules is now"
+        f" ripieno.framework.methods.schedules: import it from there ({removal})",
+        "<string>:4: DeprecationWarning: ripieno.framework.cli.resolve_config_args is now"
+        " ripieno.framework.cli.command.resolve_config_args: import it from there"
+        f" (the old name is removed in ripieno {REMOVED_IN})",
+        "<string>:5: DeprecationWarning: ripieno.framework.loes.features is now"
+        " ripieno.framework.loes.extraction and ripieno.framework.loes.feature_cache and"
+        f" ripieno.framework.backbones.loading: import it from there ({removal})",
+    ]

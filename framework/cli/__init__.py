@@ -17,14 +17,25 @@ __all__ = ["RipienoCLI", "main"]
 
 
 def __getattr__(name: str) -> object:
-    """``RipienoCLI`` and the command's other names, imported on first use (``ripieno --help`` needs none).
+    """``RipienoCLI``, and the names of ``command`` from when this package was one module, on first use.
 
-    ``ripieno.framework.cli`` was one module before the package: its names keep resolving.
+    ``ripieno --help`` imports none of them. An old name (``ripieno.framework.cli.resolve_config_args``)
+    still resolves, with a ``DeprecationWarning`` naming ``ripieno.framework.cli.command`` and the release
+    that removes it.
     """
     import importlib
+    import importlib.util
+    import warnings
 
+    from ripieno.framework._moved import REMOVED_IN
+
+    if name.startswith("_") or importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")  # a submodule imports itself
     command = importlib.import_module("ripieno.framework.cli.command")  # not `from . import`: recursion
-    try:
-        return getattr(command, name)
-    except AttributeError:
-        raise AttributeError(f"module 'ripieno.framework.cli' has no attribute {name!r}") from None
+    if not hasattr(command, name):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if name not in __all__:
+        warnings.warn(f"ripieno.framework.cli.{name} is now ripieno.framework.cli.command.{name}: import it"
+                      f" from there (the old name is removed in ripieno {REMOVED_IN})", DeprecationWarning,
+                      stacklevel=2)
+    return getattr(command, name)
