@@ -1,6 +1,6 @@
 """LOES selection (both variants) against plain, slow oracles written out here in numpy.
 
-The selection code scores candidates from cached Gram blocks (``selection._GramScorer``) and the
+The selection code scores candidates from cached Gram blocks (``gram_scorer.GramScorer``) and the
 reference variant from per-layer products (``reference._SelectionProducts``) for speed; these
 oracles recompute every term from the features themselves, the way the module docstrings define
 it: least-squares orthogonalisation, ridge refits, eigenvalues, linear CKA, explicit class-triple
@@ -19,6 +19,8 @@ import numpy as np
 import pytest
 import torch
 
+from ripieno.framework.loes import gram_scorer as gram_scorer_module
+from ripieno.framework.loes import greedy as greedy_module
 from ripieno.framework.loes import reference as ref
 from ripieno.framework.loes import select_layers
 from ripieno.framework.loes import selection as selection_module
@@ -226,7 +228,7 @@ def no_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("selection fell back to the per-candidate path")
 
-    monkeypatch.setattr(selection_module, "_direct_step", refuse)
+    monkeypatch.setattr(greedy_module, "direct_step", refuse)
 
 
 @pytest.mark.parametrize("num_layers", [7, 25])
@@ -312,13 +314,13 @@ def test_selection_threads_are_opt_in_and_restored(monkeypatch: pytest.MonkeyPat
     labels = (base[:, 0] > 0).astype(int)
     before = torch.get_num_threads()
     seen: list[int] = []
-    real_greedy = selection_module._greedy
+    real_greedy = selection_module.greedy_steps
 
     def recording_greedy(*args: Any, **kwargs: Any) -> Any:
         seen.append(torch.get_num_threads())
         return real_greedy(*args, **kwargs)
 
-    monkeypatch.setattr(selection_module, "_greedy", recording_greedy)
+    monkeypatch.setattr(selection_module, "greedy_steps", recording_greedy)
     select_layers(layers, labels, 2)
     monkeypatch.setattr(selection_module, "SELECTION_THREADS", 1)
     select_layers(layers, labels, 2)
@@ -327,15 +329,15 @@ def test_selection_threads_are_opt_in_and_restored(monkeypatch: pytest.MonkeyPat
 
 
 def _count_calls(monkeypatch: pytest.MonkeyPatch, name: str) -> list[Any]:
-    """Record the return value of every call of ``_GramScorer.<name>``."""
+    """Record the return value of every call of ``GramScorer.<name>``."""
     calls: list[Any] = []
-    original = getattr(selection_module._GramScorer, name)
+    original = getattr(gram_scorer_module.GramScorer, name)
 
     def spy(self: Any, *args: Any) -> Any:
         calls.append(result := original(self, *args))
         return result
 
-    monkeypatch.setattr(selection_module._GramScorer, name, spy)
+    monkeypatch.setattr(gram_scorer_module.GramScorer, name, spy)
     return calls
 
 
