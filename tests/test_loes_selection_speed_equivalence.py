@@ -152,8 +152,9 @@ def oracle_reference(
 
     def iso(x: np.ndarray) -> float:
         xc = x - x.mean(0)
-        eigenvalues = np.linalg.eigvalsh(xc.T @ xc / (n - 1) + 1e-6 * np.eye(x.shape[1]))
-        return float(eigenvalues.mean() / eigenvalues.std())
+        # the public code's compute_isotropy: eigenvalues of cov / N + 1e-6 I, clamped, mean / (std + 1e-6)
+        eigenvalues = np.linalg.eigvalsh(xc.T @ xc / n + 1e-6 * np.eye(x.shape[1])).clip(min=1e-6)
+        return float(eigenvalues.mean() / (eigenvalues.std() + 1e-6))
 
     def predict(x: np.ndarray, target: np.ndarray) -> np.ndarray:
         xc, ym = x - x.mean(0), target.mean(0)
@@ -296,16 +297,18 @@ def test_reference_float64_matches_the_plain_oracle(num_layers: int, task: str) 
 
 
 @pytest.mark.parametrize("dim", [40, 600])
-def test_reference_isotropy_equals_the_eigenvalue_definition(dim: int) -> None:
-    """Iso from traces equals mean / std of the eigenvalues the reference decomposes (both branches)."""
-    x = torch.from_numpy(layered_features(1, 900, dim, seed=dim)[0][0])
+@pytest.mark.parametrize("scale", [1.0, 1e-4, 0.0])  # 1e-4: eigenvalues near the 1e-6 floor; 0: constant
+def test_reference_isotropy_equals_the_eigenvalue_definition(dim: int, scale: float) -> None:
+    """Iso from traces equals the public code's eigenvalue definition (both branches, at the floor too)."""
+    x = 3.0 + scale * torch.from_numpy(layered_features(1, 900, dim, seed=dim)[0][0])
     xc = x - x.mean(0)
     if dim <= ref.ISO_EIGH_MAX_DIM:
-        eigenvalues = torch.linalg.eigvalsh(xc.T @ xc / 899 + ref.ISO_JITTER * torch.eye(dim, dtype=x.dtype))
+        eigenvalues = torch.linalg.eigvalsh(xc.T @ xc / 900 + ref.ISO_JITTER * torch.eye(dim, dtype=x.dtype))
     else:
-        eigenvalues = torch.linalg.svdvals(xc).square() / 899
-    expected = eigenvalues.mean() / eigenvalues.std(correction=0)
-    torch.testing.assert_close(ref.reference_isotropy(x), expected, rtol=1e-10, atol=0)
+        eigenvalues = torch.linalg.svdvals(xc).square() / 900
+    eigenvalues = eigenvalues.clamp(min=ref.ISO_JITTER)
+    expected = eigenvalues.mean() / (eigenvalues.std(correction=0) + ref.ISO_JITTER)
+    torch.testing.assert_close(ref.reference_isotropy(x), expected, rtol=1e-8, atol=0)
 
 
 def test_selection_threads_are_opt_in_and_restored(monkeypatch: pytest.MonkeyPatch) -> None:

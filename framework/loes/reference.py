@@ -29,9 +29,10 @@ The terms (``reference_*`` below):
 
 * ridge: closed form with centring and an unpenalised intercept (``reg`` on the weights), in-sample
   MSE averaged over samples and target columns;
-* Iso: ``mean / std`` (population std) of the covariance eigenvalues: ``eigvalsh(cov + 1e-6 I)`` for
-  ``D <= 512``, the squared singular values of the centred data over ``N - 1`` otherwise. It is
-  unbounded above, so ``1 - Iso`` can be negative;
+* Iso: ``mean / (std + 1e-6)`` (population std) of the covariance eigenvalues ``cov = Xc^T Xc / N``,
+  each clamped at ``1e-6`` from below: ``eigvalsh(cov + 1e-6 I)`` for ``D <= 512``, the squared
+  singular values of the centred data over ``N`` otherwise. It is unbounded above, so ``1 - Iso`` can
+  be negative; on a (nearly) constant layer every eigenvalue sits at the ``1e-6`` floor and Iso is 1;
 * Red: the largest, over the selected layers ``S_j``, of ``||H^T S_j||_F / (||H||_F ||S_j||_F)`` on
   raw, uncentred data;
 * Tri: the mean area ``1/2 sqrt(|u|^2 |v|^2 - (u.v)^2)`` of ``min(200, 3C)`` class-centroid triplets,
@@ -105,11 +106,13 @@ def _solve_accurately(gram: Tensor, ridge: float, rhs: Tensor, overwrite: bool =
 
 
 def reference_isotropy(x: Tensor) -> Tensor:
-    """Iso: ``mean / std`` (population) of the covariance eigenvalues of ``x`` ``(N, D)``.
+    """Iso: ``mean / (std + 1e-6)`` (population std) of the clamped covariance eigenvalues of ``x``.
 
-    The eigenvalues are those of ``cov + 1e-6 I`` (``D <= 512``) or ``svdvals(Xc)^2 / (N - 1)``, as in
-    the reference, but their mean and standard deviation come from traces (``_spectrum_mean_over_std``)
-    instead of an eigendecomposition.
+    The eigenvalues are those of ``Xc^T Xc / N + 1e-6 I`` (``D <= 512``) or ``svdvals(Xc)^2 / N``,
+    clamped at ``1e-6`` from below, as in the reference. Their mean and standard deviation come from
+    traces (``_spectrum_mean_over_std``) wherever the clamp provably changes nothing (every eigenvalue
+    of ``cov + 1e-6 I`` is at least ``1e-6``; a wide layer's smallest eigenvalue clears it when
+    ``cov - 1e-6 I`` has a Cholesky factor), and from the eigenvalues themselves otherwise.
 
     Example:
         >>> x = torch.randn(500, 4, generator=torch.Generator().manual_seed(0))
@@ -121,13 +124,22 @@ def reference_isotropy(x: Tensor) -> Tensor:
     if d <= ISO_EIGH_MAX_DIM:
         return _covariance_isotropy(xc.T @ xc, n)
     wide = xc.double()
-    gram = wide.T @ wide if d <= n else wide @ wide.T  # the min(N, D) squared singular values
-    return _spectrum_mean_over_std(gram / (n - 1)).to(x.dtype)
+    # the min(N, D) squared singular values over N are the eigenvalues of this (D x D or N x N) matrix
+    spectrum = (wide.T @ wide if d <= n else wide @ wide.T) / n
+    floor_cleared = spectrum - ISO_JITTER * torch.eye(spectrum.shape[0], dtype=spectrum.dtype)
+    if d < n and int(torch.linalg.cholesky_ex(floor_cleared).info) == 0:  # no eigenvalue below the floor
+        return _spectrum_mean_over_std(spectrum).to(x.dtype)
+    eigenvalues = torch.linalg.eigvalsh(spectrum).clamp(min=ISO_JITTER)
+    return (eigenvalues.mean() / (eigenvalues.std(correction=0) + ISO_JITTER)).to(x.dtype)
 
 
 def _covariance_isotropy(gram: Tensor, n: int) -> Tensor:
-    """``reference_isotropy`` (``D <= 512``) from ``xc^T xc``, which the step-0 ridge probe shares."""
-    cov = gram / (n - 1)
+    """``reference_isotropy`` (``D <= 512``) from ``xc^T xc``, which the step-0 ridge probe shares.
+
+    Every eigenvalue of ``cov + 1e-6 I`` is at least ``1e-6`` (``cov`` is a covariance), so the
+    reference's clamp at ``1e-6`` changes nothing and the moments come from traces.
+    """
+    cov = gram / n
     cov.diagonal().add_(ISO_JITTER)  # + 1e-6 I: the matrix the reference decomposes, in its dtype
     return _spectrum_mean_over_std(cov.double()).to(gram.dtype)
 
@@ -145,7 +157,7 @@ def _spectrum_mean_over_std(matrix: Tensor) -> Tensor:
     mean = diagonal.sum() / count
     lower = matrix.tril(-1).reshape(-1)  # one copy; the symmetric matrix was never formed
     spread = 2 * torch.dot(lower, lower) + (diagonal - mean).square().sum()
-    return mean / (spread / count).sqrt()
+    return mean / ((spread / count).sqrt() + ISO_JITTER)  # the reference's ``std + 1e-6``
 
 
 def reference_redundancy(x: Tensor, selected: list[Tensor]) -> Tensor:
