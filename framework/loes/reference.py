@@ -145,7 +145,7 @@ def _covariance_isotropy(gram: Tensor, n: int) -> Tensor:
 
 
 def _spectrum_mean_over_std(matrix: Tensor) -> Tensor:
-    """``mean / std`` (population) of the eigenvalues of a symmetric matrix, without computing them.
+    """``mean / (std + 1e-6)`` (population std) of a symmetric matrix's eigenvalues, without computing them.
 
     Identities, not approximations: ``sum(lambda) = tr M`` and ``sum((lambda - m)^2) = ||M - m I||_F^2``,
     the latter as ``2 ||strictly lower||^2 + ||diag - m||^2``. Only the lower triangle is read, as
