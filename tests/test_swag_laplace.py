@@ -5,6 +5,7 @@ import sys
 import lightning as L
 import pytest
 import torch
+from helpers.tiny_lightning import TinyClassifier
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from torch import nn
 from torch.utils.data import DataLoader
@@ -13,35 +14,11 @@ from ripieno.callbacks.laplace_baseline import LaplaceSampler
 from ripieno.callbacks.swag import SWAGSampler
 
 
-class TinyModel(L.LightningModule):
+class TinyModel(TinyClassifier):
+    """The shared tiny classifier at a larger learning rate (these samplers' oracles were set with it)."""
+
     def __init__(self, n_out=3, task="multiclass", hidden=16, batch_norm=False):
-        super().__init__()
-        torch.manual_seed(0)
-        self.task = task
-        if hidden:
-            norm = [nn.BatchNorm1d(hidden)] if batch_norm else []
-            self.net = nn.Sequential(nn.Linear(4, hidden), *norm, nn.ReLU(), nn.Dropout(0.1),
-                                     nn.Linear(hidden, n_out))
-        else:
-            self.net = nn.Linear(4, n_out)
-
-    def forward(self, x):
-        return self.net(x)
-
-    def training_step(self, batch, batch_idx):
-        out = self(batch["x"])
-        if self.task == "regression":
-            return nn.functional.mse_loss(out[:, 0], batch["y"])
-        return nn.functional.cross_entropy(out, batch["y"])
-
-    def test_step(self, batch, batch_idx):
-        return None
-
-    def predict_step(self, batch, batch_idx):
-        return {"logits": self(batch["x"])}
-
-    def configure_optimizers(self):
-        return torch.optim.Adam(self.parameters(), lr=0.05)
+        super().__init__(n_out, task, hidden, batch_norm, lr=0.05)
 
 
 class TinyData(L.LightningDataModule):

@@ -7,11 +7,18 @@ from torch.utils.data import DataLoader
 
 
 class TinyClassifier(L.LightningModule):
-    def __init__(self, n_out=3, task="multiclass"):
+    """A 4-feature MLP (``hidden`` 0: one linear layer) with dropout, seeded, on ``{"x", "y"}`` batches."""
+
+    def __init__(self, n_out=3, task="multiclass", hidden=16, batch_norm=False, lr=0.01):
         super().__init__()
         torch.manual_seed(0)
-        self.task = task
-        self.net = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Dropout(0.1), nn.Linear(16, n_out))
+        self.task, self.lr = task, lr
+        if hidden:
+            norm = [nn.BatchNorm1d(hidden)] if batch_norm else []
+            self.net = nn.Sequential(nn.Linear(4, hidden), *norm, nn.ReLU(), nn.Dropout(0.1),
+                                     nn.Linear(hidden, n_out))
+        else:
+            self.net = nn.Linear(4, n_out)
 
     def forward(self, x):
         return self.net(x)
@@ -29,10 +36,12 @@ class TinyClassifier(L.LightningModule):
         return {"logits": self(batch["x"])}
 
     def configure_optimizers(self):
-        return torch.optim.Adam(self.parameters(), lr=0.01)
+        return torch.optim.Adam(self.parameters(), lr=self.lr)
 
 
 class TinyData(L.LightningDataModule):
+    """160 seeded rows: 100 train, 20 validation, 40 test (and predict)."""
+
     def __init__(self, task="multiclass"):
         super().__init__()
         g = torch.Generator().manual_seed(0)
