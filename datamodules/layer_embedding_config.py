@@ -5,7 +5,8 @@ Each group is a small frozen dataclass, so a recipe writes it as a plain mapping
 override names the group (``--data.init_args.selection.k=2``). Each group checks its own
 settings (``check``); the checks that need two groups (``k`` against the backbone's layers) are
 the datamodule's. ``MOVED_ARGUMENTS`` maps the flat arguments of earlier releases to their
-group, so the CLI's error for ``data.init_args.k`` names ``data.init_args.selection.k``.
+group: a recipe file that uses them is regrouped when loaded, with a warning per key, and the CLI's
+error for ``--data.init_args.k`` names ``data.init_args.selection.k``.
 """
 
 from __future__ import annotations

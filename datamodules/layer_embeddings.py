@@ -230,8 +230,9 @@ class LayerEmbeddingDataModule(SplitDataModule):
             cache: {dir: null}
             batch_size: 64
 
-    and on the command line ``--data.init_args.selection.k=2``. The flat arguments of earlier
-    releases (``data.init_args.k``) stop the command with the grouped key to use.
+    and on the command line ``--data.init_args.selection.k=2``. A recipe file with the flat arguments
+    of earlier releases (``k: 3``) still loads, with a warning naming each grouped key
+    (``framework/cli/moved_arguments.py``); a flat key on the command line stops the command naming it.
 
     Args:
         source: the datamodule whose batches hold the backbone's inputs and ``y``. jsonargparse

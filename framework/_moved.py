@@ -22,6 +22,8 @@ import types
 import warnings
 from collections.abc import Sequence
 
+from ripieno.framework.errors import RipienoDeprecationWarning
+
 #: The ripieno release that removes the old paths (and ``ripieno.framework.cli``'s old names).
 REMOVED_IN = "0.3.0"
 
@@ -84,7 +86,7 @@ class _MovedModuleLoader(importlib.abc.Loader):
         target = MOVED[spec.name]
         new = " and ".join(target) if isinstance(target, tuple) else target
         warnings.warn(f"{spec.name} is now {new}: import it from there (the old path is removed in ripieno"
-                      f" {REMOVED_IN})", DeprecationWarning, stacklevel=importer_stacklevel())
+                      f" {REMOVED_IN})", RipienoDeprecationWarning, stacklevel=importer_stacklevel())
         if isinstance(target, tuple):
             return _UnionModule(spec.name, target)
         return importlib.import_module(target)

@@ -24,6 +24,14 @@ class RipienoInputError(ValueError):
     """Bad input that the user can fix: the message names the input, the problem and the fix."""
 
 
+class RipienoDeprecationWarning(DeprecationWarning):
+    """An old name, path or config key that still works, naming its replacement and when it goes.
+
+    A ``DeprecationWarning``, so in a user's own program the program's warning filters decide (Python
+    hides it outside ``__main__``, test runners show it); the ``ripieno`` command shows it.
+    """
+
+
 def file_problem(path: str | PathLike[str], problem: str, fix: str) -> str:
     """The one-line message for a file that cannot be used.
 

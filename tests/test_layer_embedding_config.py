@@ -27,6 +27,7 @@ from ripieno.datamodules.layer_embedding_config import (
 from ripieno.datamodules.layer_embeddings import backbone_preprocessing
 from ripieno.framework.cli import main
 from ripieno.framework.cli.command import RipienoCLI
+from ripieno.framework.errors import RipienoDeprecationWarning
 
 RECIPE = "loes/text_gpt2_loes"
 
@@ -132,17 +133,36 @@ def test_a_flat_key_names_its_grouped_key() -> None:
     assert "\n" not in _error(["fit", "-c", RECIPE, "--data.init_args.k=2", "--print_config"], first=False)
 
 
-def test_an_old_flat_recipe_names_every_moved_key(tmp_path) -> None:
+def test_an_old_flat_recipe_keeps_loading_and_warns_naming_every_moved_key(tmp_path, capsys) -> None:
     old = {"data": {"class_path": "ripieno.datamodules.LayerEmbeddingDataModule", "init_args": {
         "source": {"class_path": "ripieno.datamodules.TextDataModule",
                    "init_args": {"build_tokenizer": True}},
         "build_backbone": "gpt2", "selection": "loes", "k": 3, "cache_dir": "/tmp/c", "batch_size": 8}}}
     path = tmp_path / "old.yaml"
     path.write_text(yaml.safe_dump(old))
-    line = _error(["fit", "-c", str(path), "--print_config"])
+    before = path.read_bytes()
+    with pytest.warns(RipienoDeprecationWarning) as caught:
+        init = _printed(["fit", "-c", str(path)], capsys)
+    assert init["backbone"]["build"] == "gpt2" and init["selection"]["method"] == "loes"
+    assert init["selection"]["k"] == 3
+    assert init["cache"]["dir"] == "/tmp/c" and init["batch_size"] == 8
+    messages = [str(w.message) for w in caught]
     for flat in ("build_backbone", "selection", "k", "cache_dir"):
-        assert f"data.init_args.{flat} is now data.init_args.{MOVED_ARGUMENTS[flat]}" in line
-    assert "batch_size" not in line
+        moved = f"data.init_args.{flat} is now data.init_args.{MOVED_ARGUMENTS[flat]}"
+        assert any(moved in m for m in messages), flat
+    assert not any("batch_size" in m for m in messages)
+    assert path.read_bytes() == before  # the user's file is read, never rewritten
+
+
+def test_a_setting_given_flat_and_grouped_is_refused_in_one_line(tmp_path) -> None:
+    both = {"data": {"class_path": "ripieno.datamodules.LayerEmbeddingDataModule", "init_args": {
+        "source": {"class_path": "ripieno.datamodules.TextDataModule",
+                   "init_args": {"build_tokenizer": True}},
+        "k": 3, "selection": {"k": 2}}}}
+    path = tmp_path / "both.yaml"
+    path.write_text(yaml.safe_dump(both))
+    line = _error(["fit", "-c", str(path), "--print_config"])
+    assert "data.init_args.k and data.init_args.selection.k are the same setting, given twice" in line
 
 
 def test_null_below_a_group_or_the_source_is_none(capsys) -> None:

@@ -56,12 +56,12 @@ def test_old_paths_and_names_warn_once_naming_the_new_path_and_the_removal():
     lines = [line for line in out.stderr.splitlines() if "DeprecationWarning" in line and "ripieno" in line]
     removal = f"the old path is removed in ripieno {REMOVED_IN}"
     assert lines == [
-        "<string>:1: DeprecationWarning: ripieno.framework.schedules is now"
+        "<string>:1: RipienoDeprecationWarning: ripieno.framework.schedules is now"
         f" ripieno.framework.methods.schedules: import it from there ({removal})",
-        "<string>:4: DeprecationWarning: ripieno.framework.cli.resolve_config_args is now"
+        "<string>:4: RipienoDeprecationWarning: ripieno.framework.cli.resolve_config_args is now"
         " ripieno.framework.cli.command.resolve_config_args: import it from there"
         f" (the old name is removed in ripieno {REMOVED_IN})",
-        "<string>:5: DeprecationWarning: ripieno.framework.loes.features is now"
+        "<string>:5: RipienoDeprecationWarning: ripieno.framework.loes.features is now"
         " ripieno.framework.loes.extraction and ripieno.framework.loes.feature_cache and"
         f" ripieno.framework.backbones.loading: import it from there ({removal})",
     ]

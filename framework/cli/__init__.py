@@ -28,6 +28,7 @@ def __getattr__(name: str) -> object:
     import warnings
 
     from ripieno.framework._moved import REMOVED_IN
+    from ripieno.framework.errors import RipienoDeprecationWarning
 
     if name.startswith("_") or importlib.util.find_spec(f"{__name__}.{name}") is not None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")  # a submodule imports itself
@@ -36,6 +37,6 @@ def __getattr__(name: str) -> object:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     if name not in __all__:
         warnings.warn(f"ripieno.framework.cli.{name} is now ripieno.framework.cli.command.{name}: import it"
-                      f" from there (the old name is removed in ripieno {REMOVED_IN})", DeprecationWarning,
-                      stacklevel=2)
+                      f" from there (the old name is removed in ripieno {REMOVED_IN})",
+                      RipienoDeprecationWarning, stacklevel=2)
     return getattr(command, name)

@@ -94,7 +94,7 @@ from ripieno.framework.cli.section_instantiator import SectionInstantiator
 from ripieno.framework.cli.spawn_results import keep_spawned_results
 from ripieno.framework.cli.tune.ddp_trials import FOLLOWER_VARIABLE, PruningFollower
 from ripieno.framework.cli.yaml_files import YamlFileError, use_bounded_yaml
-from ripieno.framework.errors import NonFiniteTrainingError, exception_chain
+from ripieno.framework.errors import NonFiniteTrainingError, RipienoDeprecationWarning, exception_chain
 from ripieno.framework.messages import get_logger
 from ripieno.framework.outputs.output_files import check_writable
 
@@ -641,6 +641,7 @@ def quiet_cli_notices() -> Iterator[None]:
             warnings.filterwarnings("ignore", message="LightningCLI's args parameter is intended")
             warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)` is deprecated")
             warnings.filterwarnings("ignore", message="The dirpath has changed from")  # predict/test a ckpt
+            warnings.filterwarnings("default", category=RipienoDeprecationWarning)  # old keys: say so
             yield
     finally:
         for logger in loggers:

@@ -38,6 +38,7 @@ from typing import Any
 
 import yaml
 
+from ripieno.framework.cli.moved_arguments import regroup_moved_arguments
 from ripieno.framework.errors import RipienoInputError, file_problem, first_line
 
 MAX_ALIAS_VALUES = 100_000
@@ -264,7 +265,7 @@ def _jsonargparse_load(stream: str, path: str | os.PathLike[str] = "") -> Any:  
             check_aliases(node, where)
     finally:
         loader.dispose()
-    return get_loader("yaml")(stream)
+    return regroup_moved_arguments(get_loader("yaml")(stream), where)
 
 
 class _JsonargparseCheckLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
