@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import subprocess
+import sys
 from functools import partial
 
 import lightning as L
@@ -27,7 +29,6 @@ from ripieno.datamodules.layer_embedding_config import (
 from ripieno.datamodules.layer_embeddings import backbone_preprocessing
 from ripieno.framework.cli import main
 from ripieno.framework.cli.command import RipienoCLI
-from ripieno.framework.errors import RipienoDeprecationWarning
 
 RECIPE = "loes/text_gpt2_loes"
 
@@ -141,12 +142,15 @@ def test_an_old_flat_recipe_keeps_loading_and_warns_naming_every_moved_key(tmp_p
     path = tmp_path / "old.yaml"
     path.write_text(yaml.safe_dump(old))
     before = path.read_bytes()
-    with pytest.warns(RipienoDeprecationWarning) as caught:
-        init = _printed(["fit", "-c", str(path)], capsys)
+    with pytest.raises(SystemExit) as stop:
+        main(["fit", "-c", str(path), "--print_config"])
+    assert stop.value.code in (0, None)
+    printed = capsys.readouterr()
+    init = yaml.safe_load(io.StringIO(printed.out))["data"]["init_args"]
     assert init["backbone"]["build"] == "gpt2" and init["selection"]["method"] == "loes"
     assert init["selection"]["k"] == 3
     assert init["cache"]["dir"] == "/tmp/c" and init["batch_size"] == 8
-    messages = [str(w.message) for w in caught]
+    messages = [line for line in printed.err.splitlines() if line.startswith("ripieno: warning: ")]
     for flat in ("build_backbone", "selection", "k", "cache_dir"):
         moved = f"data.init_args.{flat} is now data.init_args.{MOVED_ARGUMENTS[flat]}"
         assert any(moved in m for m in messages), flat
@@ -174,3 +178,18 @@ def test_null_below_a_group_or_the_source_is_none(capsys) -> None:
     assert init["backbone"]["build"] is None and init["source"]["init_args"]["max_rows"] is None
     assert init["selection"]["k"] == 2 and init["selection"]["alpha"] == 0.1  # the recipe's others stay
     assert init["backbone"]["pooling"] == "last" and init["source"]["init_args"]["build_tokenizer"] is True
+
+
+def test_the_command_prints_each_moved_key_as_one_warning_line(tmp_path) -> None:
+    old = {"data": {"class_path": "ripieno.datamodules.LayerEmbeddingDataModule",
+                    "init_args": {"selection": "last_k", "k": 2}}}
+    path = tmp_path / "old.yaml"
+    path.write_text(yaml.safe_dump(old))
+    command = [sys.executable, "-m", "ripieno", "fit", "-c", RECIPE, "-c", str(path), "--print_config"]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, check=True)
+    warned = [line for line in done.stderr.splitlines() if "is now" in line]
+    assert warned == [
+        f"ripieno: warning: {path}: data.init_args.{flat} is now data.init_args.{MOVED_ARGUMENTS[flat]}"
+        f" (ripieno.datamodules.LayerEmbeddingDataModule); the flat key is removed in ripieno 0.3.0"
+        for flat in ("selection", "k")]
+    assert yaml.safe_load(done.stdout)["data"]["init_args"]["selection"]["method"] == "last_k"

@@ -43,10 +43,10 @@ import re
 import sys
 import warnings
 from argparse import ArgumentError
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TextIO
 
 import lightning as L
 from jsonargparse import DefaultHelpFormatter, Namespace, set_dumper
@@ -472,6 +472,23 @@ def refuse_non_finite_best(checkpoint: ModelCheckpoint) -> None:
             " again.")
 
 
+def _one_line_deprecations(show: Callable[..., None]) -> Callable[..., None]:
+    """``warnings.showwarning`` printing ripieno's own deprecations as one ``ripieno: warning:`` line.
+
+    The message already names the file, the old and the new key; where in ripieno it was raised is
+    not the user's concern. Every other warning goes to ``show`` as before.
+    """
+
+    def showwarning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                    file: TextIO | None = None, line: str | None = None) -> None:
+        if issubclass(category, RipienoDeprecationWarning):
+            print(f"ripieno: warning: {message}", file=sys.stderr if file is None else file)
+            return
+        show(message, category, filename, lineno, file, line)
+
+    return showwarning
+
+
 def _shown_on_a_terminal() -> bool:
     """Whether this process writes to a terminal (stdout and stderr both)."""
     return all(getattr(stream, "isatty", lambda: False)() for stream in (sys.stdout, sys.stderr))
@@ -642,6 +659,7 @@ def quiet_cli_notices() -> Iterator[None]:
             warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)` is deprecated")
             warnings.filterwarnings("ignore", message="The dirpath has changed from")  # predict/test a ckpt
             warnings.filterwarnings("default", category=RipienoDeprecationWarning)  # old keys: say so
+            warnings.showwarning = _one_line_deprecations(warnings.showwarning)
             yield
     finally:
         for logger in loggers:
