@@ -20,6 +20,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time each name is i
     from ripieno.callbacks.prediction_writer import MemberPredictionWriter
     from ripieno.callbacks.replica_coupling import ElasticAveraging, ReplicaCoupling
     from ripieno.callbacks.routing_resampler import RoutingResampler
+    from ripieno.callbacks.sampler_evaluation import SamplerEvaluation
     from ripieno.callbacks.swag import SWAGSampler
     from ripieno.callbacks.temperature_scaling import TemperatureScaling
 
@@ -37,6 +38,7 @@ _EXPORTS = {
     "ElasticAveraging": "ripieno.callbacks.replica_coupling",
     "ReplicaCoupling": "ripieno.callbacks.replica_coupling",
     "RoutingResampler": "ripieno.callbacks.routing_resampler",
+    "SamplerEvaluation": "ripieno.callbacks.sampler_evaluation",
     "SWAGSampler": "ripieno.callbacks.swag",
     "TemperatureScaling": "ripieno.callbacks.temperature_scaling",
 }
@@ -55,6 +57,7 @@ __all__ = [
     "ReplicaCoupling",
     "RoutingResampler",
     "SWAGSampler",
+    "SamplerEvaluation",
     "TemperatureScaling",
 ]
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -10,14 +10,19 @@ evaluates. The module under test only provides the class and the device.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar
 
 import lightning as L
 import torch
 
 from ripieno.callbacks.posterior_predictive import PosteriorPredictiveCallback
+from ripieno.callbacks.sampler_evaluation import (
+    DEFAULT_EVALUATION,
+    MOVED_ARGUMENTS,
+    SamplerEvaluation,
+    evaluation_with_moved,
+)
 from ripieno.callbacks.sampler_settings import SamplerSettingError, setting_error
-from ripieno.callbacks.temperature_scaling import TemperatureScaling
 from ripieno.framework.checkpoint_file import read_checkpoint
 from ripieno.framework.uq.linearization import call_model
 
@@ -31,30 +36,24 @@ class DeepEnsembleSampler(PosteriorPredictiveCallback):
 
     Args:
         checkpoints: paths of M >= 2 checkpoints of the tested module's class.
-        likelihood: ``auto`` (from ``pl_module.task``), ``regression``,
-            ``classification`` or ``binary``.
-        noise_variance: regression noise ``sigma^2``; ``None`` uses the training MSE of
-            the module under test.
-        input_key: key of the model input in dict batches (tuples use element 0).
-        target_key: key of the target in dict batches (tuples use element 1).
-        ood_dataloader_idx: index of a test dataloader holding OOD inputs.
-        temperature: divide sampled logits by this before the softmax (classification): a
-            float, a ``TemperatureScaling`` callback or ``"callback"`` (see
-            ``PosteriorPredictiveCallback``); ``None`` (default) leaves them unchanged.
+        evaluation: how samples are read and scored, the same for every sampler
+            (``SamplerEvaluation``: likelihood, noise variance, batch keys, OOD loader,
+            temperature). The flat arguments of earlier releases still work, with a warning.
     """
+
+    #: The flat arguments of earlier releases and their place in ``evaluation`` (a recipe file's load
+    #: regroups them, with a warning).
+    MOVED_ARGUMENTS: ClassVar[dict[str, str]] = MOVED_ARGUMENTS
 
     def __init__(
         self,
         checkpoints: list[str],
-        likelihood: Literal["auto", "regression", "classification", "binary"] = "auto",
-        noise_variance: float | None = None,
-        input_key: str | list[str] = "x",
-        target_key: str = "y",
-        ood_dataloader_idx: int | None = None,
-        temperature: float | TemperatureScaling | Literal["callback"] | None = None,
+        *,
+        evaluation: SamplerEvaluation = DEFAULT_EVALUATION,
+        **moved: Any,
     ) -> None:
-        super().__init__(input_key, target_key, ood_dataloader_idx, temperature=temperature,
-                         likelihood=likelihood, noise_variance=noise_variance)
+        self.evaluation = evaluation_with_moved(type(self).__name__, evaluation, moved)
+        super().__init__(**self.evaluation.callback_kwargs())
         if len(checkpoints) < 2:
             raise setting_error(type(self).__name__, "checkpoints", checkpoints,
                                 f"a deep ensemble needs at least 2 checkpoints (its members), got"

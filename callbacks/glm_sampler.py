@@ -19,13 +19,19 @@ from __future__ import annotations
 
 import functools
 import itertools
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import lightning as L
 import torch
 from typing_extensions import override
 
 from ripieno.callbacks.posterior_predictive import PosteriorPredictiveCallback, plain_copy
+from ripieno.callbacks.sampler_evaluation import (
+    DEFAULT_EVALUATION,
+    MOVED_ARGUMENTS,
+    SamplerEvaluation,
+    evaluation_with_moved,
+)
 from ripieno.callbacks.sampler_settings import (
     check_choice,
     check_count,
@@ -35,7 +41,6 @@ from ripieno.callbacks.sampler_settings import (
     check_positive,
     setting_error,
 )
-from ripieno.callbacks.temperature_scaling import TemperatureScaling
 from ripieno.framework.messages import get_logger
 from ripieno.framework.metrics.uq import LogPointwisePredictiveDensity
 from ripieno.framework.uq.glm_sampler import GLMPosteriorSampler, last_layer_log_evidence
@@ -91,10 +96,9 @@ class LastLayerSampler(PosteriorPredictiveCallback):
             ``nn.Linear`` of the module).
         n_samples: posterior samples S (at least 2: the uncertainty is their spread).
         prior_precision: ``lambda``.
-        noise_variance: Gaussian noise ``sigma^2`` for regression; ``None`` estimates it
-            as the mean squared training residual at the trained weights (logged).
-        likelihood: ``auto`` (from ``pl_module.task``: ``regression``, ``binary``,
-            otherwise softmax classification), ``regression``, ``classification``, ``binary``.
+        evaluation: how samples are read and scored, the same for every sampler
+            (``SamplerEvaluation``: likelihood, noise variance, batch keys, OOD loader,
+            temperature). The flat arguments of earlier releases still work, with a warning.
         solver: ``cg`` or ``sgd`` (see ``GLMPosteriorSampler``).
         max_iters: CG iterations or SGD epochs.
         prior_precision_grid: candidate ``lambda`` values; the one with the highest
@@ -103,10 +107,6 @@ class LastLayerSampler(PosteriorPredictiveCallback):
         selection: how a grid is scored: ``validation`` (LPPD on the validation split) or
             ``evidence`` (last-layer regression only: the closed-form log marginal likelihood
             of the training data under the linearised model, prior centred at ``theta*``).
-        input_key: key of the model input in dict batches (tuples use element 0).
-        target_key: key of the target in dict batches (tuples use element 1).
-        ood_dataloader_idx: index of a test dataloader holding OOD inputs: its batches feed
-            ``varroc_ood`` (AUROC of OOD vs correctly classified ID points) only.
         seed: the sampler's own seed.
         gamma: ``least_squares_logits``: scale of the start draws ``theta* + gamma eps``.
         gamma_grid: ``least_squares_logits``: candidate ``gamma`` values (validation LPPD).
@@ -122,31 +122,24 @@ class LastLayerSampler(PosteriorPredictiveCallback):
         progress_bar: show a progress bar over the posterior solve (CG or SGD for
             ``laplace_ggn``, the SGD epochs of ``least_squares_logits``; default: when the
             trainer shows its own, on rank 0).
-        varroc_prediction: VARROC's predicted class: ``predictive_mean`` or ``map`` (see
-            ``PosteriorPredictiveCallback``).
-        temperature: divide the sampled logits by this before the softmax (classification),
-            in test metrics, ``posterior_samples`` and the validation-LPPD grids: a float, a
-            ``TemperatureScaling`` callback (its fitted temperature) or ``"callback"`` (the
-            one in the trainer's callbacks); ``None`` (default) leaves them unchanged. The
-            posterior is fitted on the untempered likelihood.
     """
+
+    #: The flat arguments of earlier releases and their place in ``evaluation`` (a recipe file's load
+    #: regroups them, with a warning).
+    MOVED_ARGUMENTS: ClassVar[dict[str, str]] = MOVED_ARGUMENTS
 
     def __init__(
         self,
         glm: Literal["last_layer", "full"] = "last_layer",
+        *,
         posterior: Posterior = "laplace_ggn",
         last_layer_name: str | None = None,
         n_samples: int = 10,
         prior_precision: float = 1.0,
-        noise_variance: float | None = None,
-        likelihood: Literal["auto", "regression", "classification", "binary"] = "auto",
         solver: Literal["cg", "sgd"] = "cg",
         max_iters: int = 100,
         prior_precision_grid: list[float] | None = None,
         selection: Literal["validation", "evidence"] = "validation",
-        input_key: str | list[str] = "x",
-        target_key: str = "y",
-        ood_dataloader_idx: int | None = None,
         seed: int = 0,
         gamma: float | None = None,
         gamma_grid: list[float] | None = None,
@@ -157,12 +150,12 @@ class LastLayerSampler(PosteriorPredictiveCallback):
         lr: float | None = None,
         momentum: float | None = None,
         progress_bar: bool | None = None,
-        varroc_prediction: Literal["predictive_mean", "map"] = "predictive_mean",
-        temperature: float | TemperatureScaling | Literal["callback"] | None = None,
+        evaluation: SamplerEvaluation = DEFAULT_EVALUATION,
+        **moved: Any,
     ) -> None:
-        super().__init__(input_key, target_key, ood_dataloader_idx, varroc_prediction, temperature,
-                         likelihood=likelihood, noise_variance=noise_variance)
-        owner = type(self).__name__
+        self.evaluation = evaluation_with_moved(type(self).__name__, evaluation, moved)
+        super().__init__(**self.evaluation.callback_kwargs())
+        owner, likelihood = type(self).__name__, self.evaluation.likelihood
         check_choice(owner, "glm", glm, ("last_layer", "full"))
         check_choice(owner, "posterior", posterior, ("laplace_ggn", "least_squares_logits"))
         check_choice(owner, "selection", selection, ("validation", "evidence"))

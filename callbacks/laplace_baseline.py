@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Iterator
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import lightning as L
 import torch
@@ -32,13 +32,18 @@ from torch import Tensor, nn
 from typing_extensions import override
 
 from ripieno.callbacks.posterior_predictive import PosteriorPredictiveCallback, plain_copy
+from ripieno.callbacks.sampler_evaluation import (
+    DEFAULT_EVALUATION,
+    MOVED_ARGUMENTS,
+    SamplerEvaluation,
+    evaluation_with_moved,
+)
 from ripieno.callbacks.sampler_settings import (
     check_choice,
     check_n_samples,
     check_positive,
     setting_error,
 )
-from ripieno.callbacks.temperature_scaling import TemperatureScaling
 from ripieno.framework.messages import get_logger
 from ripieno.framework.uq.linearization import find_last_linear
 
@@ -93,41 +98,35 @@ class LaplaceSampler(PosteriorPredictiveCallback):
             (``optimize_prior_precision(pred_type="glm", method="marglik")``).
         prior_structure: structure of the tuned prior precision: ``scalar``,
             ``layerwise`` or (not with ``kron``) ``diag``.
-        noise_variance: regression noise ``sigma^2``; ``None`` estimates it as the mean
-            squared training residual of the trained network.
-        likelihood: ``auto`` (from ``pl_module.task``), ``regression`` or
-            ``classification`` (softmax; ``binary`` single logits are not supported).
-        input_key: key of the model input in dict batches (tuples use element 0).
-        target_key: key of the target in dict batches (tuples use element 1).
-        ood_dataloader_idx: index of a test dataloader holding OOD inputs.
+        evaluation: how samples are read and scored, the same for every sampler
+            (``SamplerEvaluation``: likelihood, noise variance, batch keys, OOD loader,
+            temperature). The flat arguments of earlier releases still work, with a warning.
         seed: seed of the sampler's own generator.
-        temperature: divide sampled logits by this before the softmax (classification): a
-            float, a ``TemperatureScaling`` callback or ``"callback"`` (see
-            ``PosteriorPredictiveCallback``); ``None`` (default) leaves them unchanged.
         progress_bar: show laplace-torch's progress bars over the curvature fit and the prior
             tuning (default: when the trainer shows its own, on rank 0).
     """
 
+    #: The flat arguments of earlier releases and their place in ``evaluation`` (a recipe file's load
+    #: regroups them, with a warning).
+    MOVED_ARGUMENTS: ClassVar[dict[str, str]] = MOVED_ARGUMENTS
+
     def __init__(
         self,
         subset_of_weights: Literal["last_layer", "all"] = "last_layer",
+        *,
         hessian_structure: Literal["kron", "full", "diag"] = "kron",
         last_layer_name: str | None = None,
         n_samples: int = 10,
         prior_precision: float = 1.0,
         optimize_prior: bool = True,
         prior_structure: Literal["scalar", "layerwise", "diag"] = "scalar",
-        noise_variance: float | None = None,
-        likelihood: Literal["auto", "regression", "classification"] = "auto",
-        input_key: str | list[str] = "x",
-        target_key: str = "y",
-        ood_dataloader_idx: int | None = None,
         seed: int = 0,
-        temperature: float | TemperatureScaling | Literal["callback"] | None = None,
         progress_bar: bool | None = None,
+        evaluation: SamplerEvaluation = DEFAULT_EVALUATION,
+        **moved: Any,
     ) -> None:
-        super().__init__(input_key, target_key, ood_dataloader_idx, temperature=temperature,
-                         likelihood=likelihood, noise_variance=noise_variance,
+        self.evaluation = evaluation_with_moved(type(self).__name__, evaluation, moved)
+        super().__init__(**self.evaluation.callback_kwargs(),
                          likelihoods=("auto", "regression", "classification"))
         self.progress_bar = progress_bar
         owner = type(self).__name__

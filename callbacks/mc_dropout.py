@@ -9,7 +9,7 @@ reproducible and the global RNG is left untouched.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar
 
 import lightning as L
 import torch
@@ -17,8 +17,13 @@ from torch import nn
 from typing_extensions import override
 
 from ripieno.callbacks.posterior_predictive import PosteriorPredictiveCallback
+from ripieno.callbacks.sampler_evaluation import (
+    DEFAULT_EVALUATION,
+    MOVED_ARGUMENTS,
+    SamplerEvaluation,
+    evaluation_with_moved,
+)
 from ripieno.callbacks.sampler_settings import check_n_samples
-from ripieno.callbacks.temperature_scaling import TemperatureScaling
 from ripieno.framework.uq.linearization import call_model
 
 
@@ -27,31 +32,26 @@ class MCDropoutSampler(PosteriorPredictiveCallback):
 
     Args:
         n_samples: forward passes S (at least 2: the uncertainty is their spread).
-        likelihood: ``auto`` (from ``pl_module.task``), ``regression``,
-            ``classification`` or ``binary``.
-        noise_variance: regression noise ``sigma^2``; ``None`` estimates the training MSE.
-        input_key: key of the model input in dict batches (tuples use element 0).
-        target_key: key of the target in dict batches (tuples use element 1).
-        ood_dataloader_idx: index of a test dataloader holding OOD inputs.
+        evaluation: how samples are read and scored, the same for every sampler
+            (``SamplerEvaluation``: likelihood, noise variance, batch keys, OOD loader,
+            temperature). The flat arguments of earlier releases still work, with a warning.
         seed: seed of the dropout masks.
-        temperature: divide sampled logits by this before the softmax (classification): a
-            float, a ``TemperatureScaling`` callback or ``"callback"`` (see
-            ``PosteriorPredictiveCallback``); ``None`` (default) leaves them unchanged.
     """
+
+    #: The flat arguments of earlier releases and their place in ``evaluation`` (a recipe file's load
+    #: regroups them, with a warning).
+    MOVED_ARGUMENTS: ClassVar[dict[str, str]] = MOVED_ARGUMENTS
 
     def __init__(
         self,
         n_samples: int = 10,
-        likelihood: Literal["auto", "regression", "classification", "binary"] = "auto",
-        noise_variance: float | None = None,
-        input_key: str | list[str] = "x",
-        target_key: str = "y",
-        ood_dataloader_idx: int | None = None,
+        *,
         seed: int = 0,
-        temperature: float | TemperatureScaling | Literal["callback"] | None = None,
+        evaluation: SamplerEvaluation = DEFAULT_EVALUATION,
+        **moved: Any,
     ) -> None:
-        super().__init__(input_key, target_key, ood_dataloader_idx, temperature=temperature,
-                         likelihood=likelihood, noise_variance=noise_variance)
+        self.evaluation = evaluation_with_moved(type(self).__name__, evaluation, moved)
+        super().__init__(**self.evaluation.callback_kwargs())
         check_n_samples(type(self).__name__, n_samples)
         self.n_samples, self.seed = n_samples, seed
         self._calls = 0

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from typing import Any, Literal
+from typing import Any, ClassVar
 
 import lightning as L
 import torch
@@ -38,6 +38,12 @@ from torch.optim.swa_utils import AveragedModel
 from typing_extensions import override
 
 from ripieno.callbacks.posterior_predictive import PosteriorPredictiveCallback
+from ripieno.callbacks.sampler_evaluation import (
+    DEFAULT_EVALUATION,
+    MOVED_ARGUMENTS,
+    SamplerEvaluation,
+    evaluation_with_moved,
+)
 from ripieno.callbacks.sampler_settings import (
     check_count,
     check_fraction,
@@ -45,7 +51,6 @@ from ripieno.callbacks.sampler_settings import (
     check_positive,
     setting_error,
 )
-from ripieno.callbacks.temperature_scaling import TemperatureScaling
 from ripieno.framework.messages import get_logger
 
 log = get_logger(__name__)
@@ -88,38 +93,32 @@ class SWAGSampler(PosteriorPredictiveCallback):
         var_clamp: lower bound of the diagonal variance.
         scale: covariance scale ``s`` of ``N(theta_bar, s * Sigma)``; ``1.0`` is the
             paper's covariance (the reference code's ``scale=0.5``).
-        likelihood: ``auto`` (from ``pl_module.task``), ``regression``,
-            ``classification`` or ``binary``.
-        noise_variance: regression noise ``sigma^2``; ``None`` estimates it as the mean
-            squared training residual at the SWA mean.
-        input_key: key of the model input in dict batches (tuples use element 0).
-        target_key: key of the target in dict batches (tuples use element 1).
-        ood_dataloader_idx: index of a test dataloader holding OOD inputs.
+        evaluation: how samples are read and scored, the same for every sampler
+            (``SamplerEvaluation``: likelihood, noise variance, batch keys, OOD loader,
+            temperature). The flat arguments of earlier releases still work, with a warning.
         seed: seed of the sampler's own generator; the S parameter vectors are drawn
             once per ``prepare`` and reused for every batch and every test/predict run.
-        temperature: divide sampled logits by this before the softmax (classification): a
-            float, a ``TemperatureScaling`` callback or ``"callback"`` (see
-            ``PosteriorPredictiveCallback``); ``None`` (default) leaves them unchanged.
     """
+
+    #: The flat arguments of earlier releases and their place in ``evaluation`` (a recipe file's load
+    #: regroups them, with a warning).
+    MOVED_ARGUMENTS: ClassVar[dict[str, str]] = MOVED_ARGUMENTS
 
     def __init__(
         self,
         n_samples: int = 10,
+        *,
         swa_start: int | float = 0.5,
         collect_every: int = 1,
         max_rank: int = 20,
         var_clamp: float = 1e-30,
         scale: float = 1.0,
-        likelihood: Literal["auto", "regression", "classification", "binary"] = "auto",
-        noise_variance: float | None = None,
-        input_key: str | list[str] = "x",
-        target_key: str = "y",
-        ood_dataloader_idx: int | None = None,
         seed: int = 0,
-        temperature: float | TemperatureScaling | Literal["callback"] | None = None,
+        evaluation: SamplerEvaluation = DEFAULT_EVALUATION,
+        **moved: Any,
     ) -> None:
-        super().__init__(input_key, target_key, ood_dataloader_idx, temperature=temperature,
-                         likelihood=likelihood, noise_variance=noise_variance)
+        self.evaluation = evaluation_with_moved(type(self).__name__, evaluation, moved)
+        super().__init__(**self.evaluation.callback_kwargs())
         owner = type(self).__name__
         check_n_samples(owner, n_samples)
         if isinstance(swa_start, bool) or not isinstance(swa_start, int | float):

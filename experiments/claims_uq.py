@@ -59,6 +59,7 @@ from ripieno.callbacks import (
     LaplaceSampler,
     LastLayerSampler,
     MCDropoutSampler,
+    SamplerEvaluation,
     SWAGSampler,
 )
 from ripieno.framework.cli.recipes import find_recipe
@@ -198,10 +199,13 @@ def _measured(run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         row = run()
     return {**row, "peak_mib": round(peak.peak_mib, 1)}
 
+#: Every baseline sampler's evaluation: the second test loader holds the OOD rows.
+OOD = SamplerEvaluation(ood_dataloader_idx=1)
+
 
 def _glm(glm: str, budget: Budget, **kwargs: Any) -> LastLayerSampler:  # noqa: ANN401
-    return LastLayerSampler(glm=glm, n_samples=budget.samples, ood_dataloader_idx=1, varroc_prediction="map",
-                            progress_bar=False, **kwargs)
+    return LastLayerSampler(glm=glm, n_samples=budget.samples, progress_bar=False,
+                            evaluation=dataclasses.replace(OOD, varroc_prediction="map"), **kwargs)
 
 
 def _run_methods(budget: Budget, out: Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -215,7 +219,7 @@ def _run_methods(budget: Budget, out: Path) -> tuple[list[dict[str, Any]], list[
         overrides.append(f"--data.init_args.max_train_rows={budget.max_train_rows}")
     s, rows, grids, train_seconds = budget.samples, [], [], {}
     with quiet_lightning():
-        swag = SWAGSampler(n_samples=s, swa_start=0.5, ood_dataloader_idx=1)
+        swag = SWAGSampler(n_samples=s, swa_start=0.5, evaluation=OOD)
         start = time.perf_counter()
         cli = train(recipe, 0, root / "seed0", overrides, [swag])
         train_seconds["MAP"] = time.perf_counter() - start
@@ -260,11 +264,11 @@ def _run_methods(budget: Budget, out: Path) -> tuple[list[dict[str, Any]], list[
                        prior_precision=ll_ggn.chosen_prior_precision)
         rows.append(with_mean_varroc(test(f"DNN-GLM (GGN, {budget.dnn_cg_iters} CG steps)", dnn_ggn,
                                           posterior="laplace_ggn", varroc="map"), dnn_ggn))
-        rows.append(test("MC-dropout (p=0.1)", MCDropoutSampler(n_samples=s, ood_dataloader_idx=1),
+        rows.append(test("MC-dropout (p=0.1)", MCDropoutSampler(n_samples=s, evaluation=OOD),
                          varroc="predictive mean"))
         rows.append(test("SWAG (second half of training)", swag, varroc="predictive mean"))
         if importlib.util.find_spec("laplace") is not None:  # optional dependency
-            laplace = LaplaceSampler(n_samples=s, ood_dataloader_idx=1)
+            laplace = LaplaceSampler(n_samples=s, evaluation=OOD)
             rows.append(test("Laplace (laplace-torch, LL, kron, marglik)", laplace, varroc="predictive mean"))
         start = time.perf_counter()
         for seed in range(1, budget.members):
@@ -272,7 +276,7 @@ def _run_methods(budget: Budget, out: Path) -> tuple[list[dict[str, Any]], list[
             checkpoints.append(root / f"seed{seed}.ckpt")
             member.trainer.save_checkpoint(checkpoints[-1])
         train_seconds["deep ensemble"] = train_seconds["MAP"] + time.perf_counter() - start
-        ensemble = DeepEnsembleSampler([str(c) for c in checkpoints], ood_dataloader_idx=1)
+        ensemble = DeepEnsembleSampler([str(c) for c in checkpoints], evaluation=OOD)
         rows.append(test(f"deep ensemble (M={budget.members})", ensemble, varroc="predictive mean",
                          train_seconds=round(train_seconds["deep ensemble"], 1)))
     return rows, grids

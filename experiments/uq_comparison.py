@@ -36,6 +36,7 @@ from ripieno.callbacks import (
     LaplaceSampler,
     LastLayerSampler,
     MCDropoutSampler,
+    SamplerEvaluation,
     SWAGSampler,
 )
 from ripieno.framework.cli.command import RipienoCLI
@@ -127,15 +128,15 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     overrides = [f"--trainer.max_epochs={args.max_epochs}", *normalize_overrides(args.override)]
     root = args.out / "runs"
-    s, ood = args.samples, 1
+    s, evaluation = args.samples, SamplerEvaluation(ood_dataloader_idx=1)
     rows: list[dict[str, Any]] = []
     with quiet_lightning():
-        swag = SWAGSampler(n_samples=s, swa_start=0.5, ood_dataloader_idx=ood)
+        swag = SWAGSampler(n_samples=s, swa_start=0.5, evaluation=evaluation)
         cli = train(args.recipe, 0, root / "seed0", overrides, [swag])
         checkpoints = [root / "seed0.ckpt"]
         cli.trainer.save_checkpoint(checkpoints[0])
         ll_glm = LastLayerSampler(glm="last_layer", n_samples=s, prior_precision_grid=GRID,
-                                  ood_dataloader_idx=ood)
+                                  evaluation=evaluation)
         methods: list[tuple[str, Callback | None]] = [("MAP", None), ("LL-GLM", ll_glm)]
         rows += [evaluate(cli, name, callback, root) for name, callback in methods]
         # DNN-GLM passes over the training set per CG step: it reuses LL-GLM's lambda
@@ -143,12 +144,12 @@ def main(argv: list[str] | None = None) -> None:
         methods = [
             ("DNN-GLM", LastLayerSampler(glm="full", n_samples=s, max_iters=args.dnn_iters,
                                          prior_precision=ll_glm.chosen_prior_precision,
-                                         ood_dataloader_idx=ood)),
-            ("MC-dropout", MCDropoutSampler(n_samples=s, ood_dataloader_idx=ood)),
+                                         evaluation=evaluation)),
+            ("MC-dropout", MCDropoutSampler(n_samples=s, evaluation=evaluation)),
         ]
         methods.append(("SWAG", swag))
         if importlib.util.find_spec("laplace") is not None:  # optional dependency
-            methods.append(("Laplace (LL, kron)", LaplaceSampler(n_samples=s, ood_dataloader_idx=ood)))
+            methods.append(("Laplace (LL, kron)", LaplaceSampler(n_samples=s, evaluation=evaluation)))
         for name, callback in methods:
             rows.append(evaluate(cli, name, callback, root))
         for row in rows:
@@ -157,7 +158,7 @@ def main(argv: list[str] | None = None) -> None:
             member = train(args.recipe, seed, root / f"seed{seed}", overrides, [])
             checkpoints.append(root / f"seed{seed}.ckpt")
             member.trainer.save_checkpoint(checkpoints[-1])
-        ensemble = DeepEnsembleSampler([str(c) for c in checkpoints], ood_dataloader_idx=ood)
+        ensemble = DeepEnsembleSampler([str(c) for c in checkpoints], evaluation=evaluation)
         rows.append(evaluate(cli, f"deep ensemble (M={args.members})", ensemble, root))
         print(f"uq_comparison: {rows[-1]}", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -22,10 +22,7 @@ import types
 import warnings
 from collections.abc import Sequence
 
-from ripieno.framework.errors import RipienoDeprecationWarning
-
-#: The ripieno release that removes the old paths (and ``ripieno.framework.cli``'s old names).
-REMOVED_IN = "0.3.0"
+from ripieno.framework.errors import REMOVED_IN, RipienoDeprecationWarning
 
 MOVED: dict[str, str | tuple[str, ...]] = {
     "ripieno.framework.checkpoint_io": "ripieno.framework.outputs.checkpoint_io",

@@ -24,6 +24,11 @@ class RipienoInputError(ValueError):
     """Bad input that the user can fix: the message names the input, the problem and the fix."""
 
 
+#: The ripieno release that removes what ``RipienoDeprecationWarning`` announces (old module paths,
+#: ``ripieno.framework.cli``'s old names, flat arguments that moved into groups).
+REMOVED_IN = "0.3.0"
+
+
 class RipienoDeprecationWarning(DeprecationWarning):
     """An old name, path or config key that still works, naming its replacement and when it goes.
 

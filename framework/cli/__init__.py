@@ -27,8 +27,7 @@ def __getattr__(name: str) -> object:
     import importlib.util
     import warnings
 
-    from ripieno.framework._moved import REMOVED_IN
-    from ripieno.framework.errors import RipienoDeprecationWarning
+    from ripieno.framework.errors import REMOVED_IN, RipienoDeprecationWarning
 
     if name.startswith("_") or importlib.util.find_spec(f"{__name__}.{name}") is not None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")  # a submodule imports itself

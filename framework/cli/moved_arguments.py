@@ -30,8 +30,7 @@ import inspect
 import warnings
 from typing import Any
 
-from ripieno.framework._moved import REMOVED_IN
-from ripieno.framework.errors import RipienoDeprecationWarning, RipienoInputError
+from ripieno.framework.errors import REMOVED_IN, RipienoDeprecationWarning, RipienoInputError
 
 
 class MovedArgumentError(RipienoInputError):
