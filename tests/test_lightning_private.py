@@ -14,6 +14,8 @@ import re
 import warnings
 
 import lightning
+import lightning.fabric.utilities.rank_zero as fabric_rank_zero
+import lightning.pytorch.utilities.rank_zero as pytorch_rank_zero
 import pytest
 import torch
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
@@ -35,9 +37,17 @@ def _owner(entry: door.PrivateName) -> object:
 
 
 def _spawning_strategy(tmp_path) -> DDPStrategy:
-    """A ``ddp_spawn`` strategy as a Trainer sets it up (nothing is launched)."""
-    trainer = lightning.pytorch.Trainer(strategy="ddp_spawn", accelerator="cpu", devices=2, logger=False,
-                                        enable_checkpointing=False, default_root_dir=tmp_path)
+    """A ``ddp_spawn`` strategy as a Trainer sets it up (nothing is launched).
+
+    Building it sets Lightning's process-wide rank (``rank_zero_only.rank``) from the environment;
+    the previous value is put back, so later tests log as rank 0 whatever this one saw.
+    """
+    before = (fabric_rank_zero.rank_zero_only.rank, pytorch_rank_zero.rank_zero_only.rank)
+    try:
+        trainer = lightning.pytorch.Trainer(strategy="ddp_spawn", accelerator="cpu", devices=2, logger=False,
+                                            enable_checkpointing=False, default_root_dir=tmp_path)
+    finally:
+        fabric_rank_zero.rank_zero_only.rank, pytorch_rank_zero.rank_zero_only.rank = before
     return trainer.strategy
 
 
@@ -78,6 +88,8 @@ def test_every_private_name_is_where_ripieno_reaches_it(entry, tmp_path):
 
 
 def test_the_wrappers_do_what_ripieno_needs(tmp_path, monkeypatch):
+    for key in ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK"):  # the Trainers below: rank 0
+        monkeypatch.delenv(key, raising=False)
     parser = LightningArgumentParser()
     parser.add_optimizer_args(torch.optim.Adam)
     parser.add_lr_scheduler_args(torch.optim.lr_scheduler.StepLR)
@@ -91,12 +103,6 @@ def test_the_wrappers_do_what_ripieno_needs(tmp_path, monkeypatch):
     logger.experiment  # noqa: B018 - makes its writer
     assert not door.csv_logger_unstarted(logger)
 
-    for key in ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK"):
-        monkeypatch.delenv(key, raising=False)
-    assert door.launcher_rank() is None
-    monkeypatch.setenv("LOCAL_RANK", "1")
-    assert door.launcher_rank() == 1
-
     assert door.module_type(lightning.pytorch.LightningModule) is lightning.pytorch.LightningModule
     assert not door.has_own_checkpoint_io(DDPStrategy())
 
@@ -108,6 +114,13 @@ def test_the_wrappers_do_what_ripieno_needs(tmp_path, monkeypatch):
     assert door.replace_spawn_launcher(strategy, Own)
     assert type(strategy.launcher) is Own and strategy.launcher._start_method == "spawn"
     assert not door.replace_spawn_launcher(strategy, Own)  # one not exactly Lightning's is kept
+
+    # last: a Trainer built while LOCAL_RANK=1 would make this process rank 1 for every later test
+    for key in ("RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK"):
+        monkeypatch.delenv(key, raising=False)
+    assert door.launcher_rank() is None
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert door.launcher_rank() == 1
 
 
 @pytest.mark.parametrize("hook", door.CLI_HOOKS)
