@@ -33,12 +33,16 @@ from ripieno.framework.loes import select_layers
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "loes_reference"  # a copy of shared/fixtures/
 
 
+def _recorded(outputs: str, inputs: str) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """A recorded fixture: the reference's outputs (JSON) and the arrays it ran on (npz)."""
+    expected = json.loads((FIXTURE / outputs).read_text())
+    with np.load(FIXTURE / inputs) as arrays:
+        return expected, {name: arrays[name] for name in arrays.files}
+
+
 @pytest.fixture(scope="module")
 def fixture() -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    expected = json.loads((FIXTURE / "expected.json").read_text())
-    with np.load(FIXTURE / "inputs.npz") as inputs:
-        arrays = {name: inputs[name] for name in inputs.files}
-    return expected, arrays
+    return _recorded("expected.json", "inputs.npz")
 
 
 def _run(
@@ -272,10 +276,7 @@ def test_probe_loss_equals_the_loss_of_the_formed_probe(
 
 @pytest.fixture(scope="module")
 def near_constant() -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    expected = json.loads((FIXTURE / "near_constant.json").read_text())
-    with np.load(FIXTURE / "near_constant.npz") as inputs:
-        arrays = {name: inputs[name] for name in inputs.files}
-    return expected, arrays
+    return _recorded("near_constant.json", "near_constant.npz")
 
 
 def _tied_from(case: dict[str, Any], arrays: dict[str, np.ndarray]) -> tuple[int, list[set[int]]]:
