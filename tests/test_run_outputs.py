@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.signals import interruptible
 
 from ripieno.framework.cli import main
 from ripieno.framework.cli.run_logs import event_files, merge_event_files
@@ -226,7 +227,7 @@ def test_ctrl_c_names_the_last_checkpoint_and_the_command_that_resumes(tmp_path)
                "--trainer.max_epochs=500", "--test_after_fit=false",
                "--trainer.default_root_dir=run", *SMALL]
     process = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                               text=True, preexec_fn=interruptible)
     last = tmp_path / "run" / RUN / "checkpoints" / "last.ckpt"
     deadline = time.monotonic() + 240
     while not last.exists() and process.poll() is None and time.monotonic() < deadline:

@@ -24,6 +24,7 @@ import optuna
 import pandas as pd
 import pytest
 import yaml
+from helpers.signals import interruptible
 from sklearn.datasets import load_breast_cancer, load_wine
 
 from ripieno.framework.cli.benchmark.report import compare, ranks, render, summary
@@ -424,7 +425,7 @@ def test_ctrl_c_during_a_benchmark_cell_keeps_the_store_writes_the_report_and_th
     args = _command("benchmark", "-c", str(config), "--out", "out")
     storage = f"sqlite:///{tmp_path / 'out' / 'benchmark.db'}"
     process = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True)
+                               text=True, preexec_fn=interruptible)
     _wait_for(lambda: "RUNNING" in _states(storage), "a running cell")
     time.sleep(3.0)  # inside the fit
     process.send_signal(signal.SIGINT)
@@ -449,7 +450,7 @@ def test_ctrl_c_during_a_tune_trial_writes_trials_csv_and_the_same_command_finis
                     "--model.init_args.d_block=32")
     storage = f"sqlite:///{tmp_path / 'study' / 'study.db'}"
     process = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True)
+                               text=True, preexec_fn=interruptible)
     _wait_for(lambda: "RUNNING" in _states(storage), "a running trial")
     time.sleep(3.0)
     process.send_signal(signal.SIGINT)
