@@ -48,7 +48,14 @@ from typing import Any
 
 import lightning as L
 
-from ripieno.framework.cli.benchmark.models import KINDS, ModelSpec, check_params
+from ripieno.framework.cli.benchmark.models import (
+    KINDS,
+    QUANTILE_KINDS,
+    QUANTILE_LEVELS,
+    ModelSpec,
+    check_params,
+    check_quantile_levels,
+)
 from ripieno.framework.cli.benchmark.uncertainty import CALIBRATE_ON, ConformalSettings
 from ripieno.framework.cli.fingerprints import data_files
 from ripieno.framework.cli.recipes import BENCHMARKS_FOLDER, RECIPES_DIR
@@ -336,6 +343,16 @@ def _model(name: str, spec: Any, common: dict[str, Any], where: str) -> ModelSpe
     if space:
         SearchSpace.from_dict({"params": space}, source=f"{where}: model {name!r} space")
     check_params(kind, [*params, *space], f"{where}: model {name!r}")
+    if QUANTILE_LEVELS in space:
+        raise BenchmarkConfigError(
+            f"{where}: model {name!r}: quantile_levels are the scores' levels, not a tuned value; move it to"
+            " params."
+        )
+    if kind in QUANTILE_KINDS and QUANTILE_LEVELS in params:
+        try:
+            params[QUANTILE_LEVELS] = list(check_quantile_levels(params[QUANTILE_LEVELS], f"model {name!r}"))
+        except RipienoInputError as error:
+            raise BenchmarkConfigError(f"{where}: {error}") from None
     if kind == "ensemble":  # the values too, as fit would check them: before any cell runs
         from ripieno.framework.methods.estimators import EnsembleClassifier, check_parameters
 

@@ -12,7 +12,10 @@ on its validation rows and scored on its test rows by :func:`scores`:
   the same validation rows; every other setting is the library's default unless ``params`` says
   otherwise (``n_estimators`` is raised to a cap so that early stopping, not the default count,
   ends training: the usual way to run them with a validation split). CatBoost regression with
-  ``loss_function: RMSEWithUncertainty`` predicts a Gaussian per row (``GaussianCatBoost``).
+  ``loss_function: RMSEWithUncertainty`` predicts a Gaussian per row (``GaussianCatBoost``); XGBoost and
+  LightGBM regression with ``quantile_levels: [...]`` fit their quantile objectives at those levels
+  (``QuantileBoosting``: XGBoost one multi-quantile booster, LightGBM one model per level), with the
+  median as the point prediction.
 
 With conformal settings (``uncertainty.ConformalSettings``), a fit is also scored by its
 uncertainty (``uncertainty``'s module docstring): calibration, conformal sets and intervals on the
@@ -46,6 +49,10 @@ GBDT_ESTIMATORS_CAP = 4000
 on the validation rows ends training). CatBoost keeps its default of 1,000 iterations."""
 GAUSSIAN_CATBOOST_LOSS = "RMSEWithUncertainty"
 """CatBoost's regression loss that predicts a mean and a variance per row (``GaussianCatBoost``)."""
+QUANTILE_LEVELS = "quantile_levels"
+"""A ``params`` key of ``xgboost`` and ``lightgbm`` models (ripieno's, not the library's): fit the library's
+quantile objective at these levels on a regression table (``QuantileBoosting``)."""
+QUANTILE_KINDS: tuple[str, ...] = ("xgboost", "lightgbm")
 MISSING_CATEGORY = "<missing>"
 """CatBoost's category for a missing value (it takes no NaN in a categorical column)."""
 PRIMARY: dict[str, tuple[str, str]] = {
@@ -138,11 +145,49 @@ def check_params(kind: str, names: list[str], where: str) -> None:
         valid = list(require("benchmark", "xgboost", "XGBoost").XGBClassifier().get_params())
     else:
         valid = list(require("benchmark", "lightgbm", "LightGBM").LGBMClassifier().get_params())
+    if kind in QUANTILE_KINDS:
+        valid.append(QUANTILE_LEVELS)
     for name in names:
         if name not in valid:
             match = difflib.get_close_matches(name, valid, n=1)
             hint = f" (did you mean {match[0]!r}?)" if match else ""
             raise RipienoInputError(f"{where}: {name!r} is not an argument of its {kind} model{hint}.")
+
+
+def check_quantile_levels(value: Any, where: str) -> tuple[float, ...]:  # noqa: ANN401 - a YAML value
+    """A model's ``quantile_levels``, sorted: distinct numbers in ``(0, 1)`` with every level the scores use.
+
+    Every level of ``uncertainty.SCORE_LEVELS`` (0.05, 0.10, ..., 0.95) must be among them, so that the
+    quantile score of every distributional model is taken at the same levels, and so that 0.5 (the
+    point prediction) and the 90% interval's ends (conformalised quantile regression) are predicted.
+
+    Example:
+        >>> check_quantile_levels([0.05 * i for i in range(19, 0, -1)], "x")[:3]
+        (0.05, 0.1, 0.15)
+
+    Raises:
+        RipienoInputError: not a list of numbers, a number outside ``(0, 1)`` or repeated, a level missing.
+    """
+    fix = "e.g. quantile_levels: [0.05, 0.1, ..., 0.95] (the 19 levels 0.05 apart)"
+    if not isinstance(value, list | tuple) or not value or not all(
+        isinstance(v, int | float) and not isinstance(v, bool) for v in value
+    ):
+        raise RipienoInputError(
+            f"{where}: quantile_levels must be a list of numbers in (0, 1), got {value!r}; {fix}."
+        )
+    levels = tuple(sorted(round(float(v), 6) for v in value))
+    if levels[0] <= 0.0 or levels[-1] >= 1.0 or len(set(levels)) != len(levels):
+        raise RipienoInputError(
+            f"{where}: quantile_levels must be distinct numbers strictly between 0 and 1, got {value!r};"
+            f" {fix}."
+        )
+    missing = [level for level in uncertainty.SCORE_LEVELS if level not in levels]
+    if missing:
+        raise RipienoInputError(
+            f"{where}: quantile_levels lacks {missing[0]}: every model's quantile score is taken at the"
+            f" levels 0.05, 0.10, ..., 0.95, so each must be predicted; {fix}."
+        )
+    return levels
 
 
 def scores(
@@ -223,6 +268,9 @@ def fit_and_score(
         distribution = _distribution(model, data.task, prepare(data.features[split]))
         if distribution is not None:
             results[split].update(uncertainty.distribution_scores(data.targets[split], *distribution))
+        quantiles = _quantiles(model, data.task, prepare(data.features[split]))
+        if quantiles is not None:
+            results[split]["qs"] = uncertainty.quantile_score(data.targets[split], *quantiles)
     if calibrate is not None:
         assert conformal is not None
         results["test"].update(_conformal_scores(model, data, prepare, outputs, calibrate, conformal))
@@ -256,6 +304,12 @@ def _distribution(model: Any, task: str, x: pd.DataFrame) -> tuple[np.ndarray, n
     return method(x) if callable(method) else None
 
 
+def _quantiles(model: Any, task: str, x: pd.DataFrame) -> tuple[tuple[float, ...], np.ndarray] | None:  # noqa: ANN401
+    """A regressor's ``(levels, quantiles)`` (``uncertainty.PREDICTIVE_QUANTILES``), or ``None``."""
+    method = getattr(model, uncertainty.PREDICTIVE_QUANTILES, None)
+    return method(x) if task == "regression" and callable(method) else None
+
+
 def _conformal_scores(
     model: Any,  # noqa: ANN401 - any fitted estimator of this module
     data: TableSplits,
@@ -268,7 +322,8 @@ def _conformal_scores(
 
     Every model: LAC and APS sets, or ``abs`` intervals; ``norm`` intervals for a ripieno ensemble of
     more than one member (its members' spread, ``EnsembleRegressor.conformalize``) or a model with a
-    predictive distribution (its standard deviation).
+    predictive distribution (its standard deviation); ``cqr`` intervals for a model with predictive
+    quantiles (its ``alpha / 2`` and ``1 - alpha / 2`` quantiles).
     """
     alpha, y_cal, y_test = conformal.alpha, data.targets[calibrate], data.targets["test"]
     if data.task != "regression":
@@ -289,6 +344,19 @@ def _conformal_scores(
         sigma_cal, sigma = uncertainty.predictive_std(*on_cal), uncertainty.predictive_std(*on_test)
         lower, upper = uncertainty.normalized_intervals((y_cal, point_cal, sigma_cal), point, sigma, alpha)
         found.update(uncertainty.interval_scores("norm", lower, upper, y_test, alpha))
+    if (on_cal_q := _quantiles(model, "regression", prepare(data.features[calibrate]))) is not None:
+        levels, q_cal = on_cal_q
+        _, q_test = _quantiles(model, "regression", prepare(data.features["test"]))  # type: ignore[misc]
+        ends = [round(alpha / 2, 6), round(1 - alpha / 2, 6)]
+        if not all(end in levels for end in ends):
+            raise RipienoInputError(
+                f"conformal.alpha={alpha} needs the quantiles at {ends[0]} and {ends[1]} for CQR intervals;"
+                " add them to the model's quantile_levels."
+            )
+        low, high = levels.index(ends[0]), levels.index(ends[1])
+        lower, upper = uncertainty.cqr_intervals((y_cal, q_cal[:, low], q_cal[:, high]), q_test[:, low],
+                                                 q_test[:, high], alpha)
+        found.update(uncertainty.interval_scores("cqr", lower, upper, y_test, alpha))
     return found
 
 
@@ -322,9 +390,26 @@ def _as_category(data: TableSplits) -> Any:  # noqa: ANN401 - a frame transform
     return prepare
 
 
+def _quantile_levels(data: TableSplits, params: dict[str, Any], kind: str) -> tuple[float, ...] | None:
+    """``params``' ``quantile_levels`` (popped), checked against the table's task; ``None`` if absent."""
+    if QUANTILE_LEVELS not in params:
+        return None
+    levels = check_quantile_levels(params.pop(QUANTILE_LEVELS), f"{kind} {QUANTILE_LEVELS}")
+    if data.task != "regression":
+        raise RipienoInputError(
+            f"{kind} quantile_levels fits quantile objectives, for regression tables; {data.name or 'this'}"
+            f" table is {data.task}: list the quantile model in a benchmark file of regression tables only."
+        )
+    return levels
+
+
 def _fit_xgboost(data: TableSplits, params: dict[str, Any], seed: int) -> tuple[Any, int, int, Any]:
     xgboost = require("benchmark", "xgboost", "XGBoost")
     prepare = _as_category(data)
+    params = dict(params)
+    levels = _quantile_levels(data, params, "xgboost")
+    if levels is not None:  # one booster, one output per level (XGBoost >= 2.0's multi-quantile objective)
+        params = {**params, "objective": "reg:quantileerror", "quantile_alpha": np.asarray(levels)}
     cls = xgboost.XGBRegressor if data.task == "regression" else xgboost.XGBClassifier
     model = cls(
         **{
@@ -341,7 +426,10 @@ def _fit_xgboost(data: TableSplits, params: dict[str, Any], seed: int) -> tuple[
         eval_set=[(prepare(data.features["val"]), data.targets["val"])],
         verbose=False,
     )
-    return model, xgboost_node_count(model.get_booster()), int(model.best_iteration) + 1, prepare
+    nodes, iterations = xgboost_node_count(model.get_booster()), int(model.best_iteration) + 1
+    if levels is not None:
+        return QuantileBoosting(levels, [model]), nodes, iterations, prepare
+    return model, nodes, iterations, prepare
 
 
 def xgboost_node_count(booster: Any) -> int:
@@ -359,18 +447,27 @@ def xgboost_node_count(booster: Any) -> int:
 def _fit_lightgbm(data: TableSplits, params: dict[str, Any], seed: int) -> tuple[Any, int, int, Any]:
     lightgbm = require("benchmark", "lightgbm", "LightGBM")
     prepare = _as_category(data)
+    params = dict(params)
+    levels = _quantile_levels(data, params, "lightgbm")
     cls = lightgbm.LGBMRegressor if data.task == "regression" else lightgbm.LGBMClassifier
-    model = cls(**{"n_estimators": GBDT_ESTIMATORS_CAP, "verbosity": -1, **params, "random_state": seed})
-    model.fit(
-        prepare(data.features["train"]),
-        data.targets["train"],
-        eval_X=prepare(data.features["val"]),
-        eval_y=data.targets["val"],
-        callbacks=[lightgbm.early_stopping(EARLY_STOPPING_ROUNDS, verbose=False)],
-    )
-    dump = model.booster_.dump_model()
-    nodes = sum(2 * tree["num_leaves"] - 1 for tree in dump["tree_info"])
-    return model, nodes, int(model.best_iteration_ or model.n_estimators), prepare
+
+    def fit(extra: dict[str, Any]) -> Any:  # noqa: ANN401 - a fitted LightGBM model
+        model = cls(**{"n_estimators": GBDT_ESTIMATORS_CAP, "verbosity": -1, **params, **extra,
+                       "random_state": seed})
+        model.fit(
+            prepare(data.features["train"]),
+            data.targets["train"],
+            eval_X=prepare(data.features["val"]),
+            eval_y=data.targets["val"],
+            callbacks=[lightgbm.early_stopping(EARLY_STOPPING_ROUNDS, verbose=False)],
+        )
+        return model
+
+    # LightGBM's quantile objective takes one level: one model per level, each early-stopped on its own loss
+    models = [fit({"objective": "quantile", "alpha": level}) for level in levels] if levels else [fit({})]
+    nodes = sum(2 * tree["num_leaves"] - 1 for m in models for tree in m.booster_.dump_model()["tree_info"])
+    iterations = max(int(m.best_iteration_ or m.n_estimators) for m in models)
+    return (QuantileBoosting(levels, models) if levels else models[0]), nodes, iterations, prepare
 
 
 def _fit_catboost(data: TableSplits, params: dict[str, Any], seed: int) -> tuple[Any, int, int, Any]:
@@ -434,3 +531,35 @@ class GaussianCatBoost:
     def predict(self, x: pd.DataFrame) -> np.ndarray:
         """Each row's predictive mean."""
         return self.predictive_distribution(x)[0]
+
+
+class QuantileBoosting:
+    """Gradient-boosted quantile regression: the predictive quantiles of each row at fixed levels.
+
+    Either one model with an output per level (XGBoost's multi-quantile ``reg:quantileerror``) or one
+    model per level (LightGBM's ``quantile`` objective). Each row's quantiles are sorted, so that they
+    never cross (the non-crossing rearrangement of Chernozhukov et al., 2010: it never raises the
+    pinball loss). ``predict`` is the median, the point prediction every other score uses;
+    ``predictive_quantiles`` the levels and quantiles (the benchmark's
+    ``uncertainty.PREDICTIVE_QUANTILES`` hook: quantile score and CQR intervals).
+
+    Args:
+        levels: the quantile levels, sorted, with 0.5 among them.
+        models: the fitted models: one predicting ``(n, len(levels))``, or one ``(n,)`` per level.
+    """
+
+    def __init__(self, levels: tuple[float, ...], models: list[Any]) -> None:
+        self.levels = tuple(levels)
+        self.models = list(models)
+
+    def predictive_quantiles(self, x: pd.DataFrame) -> tuple[tuple[float, ...], np.ndarray]:
+        """The levels and each row's quantiles at them ``(n, len(levels))``, sorted along the levels."""
+        if len(self.models) == 1:
+            out = np.asarray(self.models[0].predict(x), dtype=np.float64).reshape(len(x), -1)
+        else:
+            out = np.stack([np.asarray(m.predict(x), dtype=np.float64) for m in self.models], axis=1)
+        return self.levels, np.sort(out, axis=1)
+
+    def predict(self, x: pd.DataFrame) -> np.ndarray:
+        """Each row's predicted median."""
+        return self.predictive_quantiles(x)[1][:, self.levels.index(0.5)]

@@ -10,7 +10,8 @@ training seconds and median parameter count; and a box plot of the ranks (``rank
 
 Uncertainty (``uncertainty``'s scores, where the cells recorded them): per data set and model the
 seed means of NLL, ECE, Brier, LAC / APS coverage and set size (classification), and of RMSE, NLL,
-CRPS, coverage, width and Winkler score of the ``abs`` and ``norm`` intervals (regression); each
+CRPS, the quantile score QS, coverage, width and Winkler score of the ``abs``, ``norm`` and ``cqr``
+intervals (regression); each
 model's mean rank per metric over the data sets where every model that has the metric has it
 (``UNCERTAINTY``: lower is better for each ranked one), and a figure of coverage against set size or
 width (``coverage.png``). Coverage is shown, not ranked: split conformal gives every model at least
@@ -241,18 +242,23 @@ UNCERTAINTY: tuple[tuple[str, str, str, bool], ...] = (
     ("regression", "rmse", "RMSE", False),
     ("regression", "nll", "NLL", True),
     ("regression", "crps", "CRPS", True),
+    ("regression", "qs", "QS", True),
     ("regression", "abs_coverage", "abs coverage", False),
     ("regression", "abs_width", "abs width", True),
     ("regression", "abs_winkler", "abs Winkler", True),
     ("regression", "norm_coverage", "norm coverage", False),
     ("regression", "norm_width", "norm width", True),
     ("regression", "norm_winkler", "norm Winkler", True),
+    ("regression", "cqr_coverage", "CQR coverage", False),
+    ("regression", "cqr_width", "CQR width", True),
+    ("regression", "cqr_winkler", "CQR Winkler", True),
 )
 """(task family, metric, label, ranked) of the uncertainty tables: a ranked metric is better lower;
 coverage (and RMSE, ranked as the primary metric) is shown beside them (module docstring)."""
 COVERAGE_PLOTS: dict[str, tuple[tuple[str, str, str], ...]] = {
     "classification": (("lac", "lac_coverage", "lac_set_size"), ("aps", "aps_coverage", "aps_set_size")),
-    "regression": (("abs", "abs_coverage", "abs_width"), ("norm", "norm_coverage", "norm_width")),
+    "regression": (("abs", "abs_coverage", "abs_width"), ("norm", "norm_coverage", "norm_width"),
+                   ("cqr", "cqr_coverage", "cqr_width")),
 }
 """Per task family, the (method, coverage column, size column) pairs of ``coverage.png``."""
 
@@ -377,7 +383,7 @@ def coverage_figure(results: pd.DataFrame, path: Path) -> Path | None:
 
     models = list(dict.fromkeys(means["model"]))
     colours = {m: f"C{i % 10}" for i, m in enumerate(models)}
-    markers = {"lac": "o", "aps": "s", "abs": "o", "norm": "s"}
+    markers = {"lac": "o", "aps": "s", "abs": "o", "norm": "s", "cqr": "^"}
     alpha = pd.to_numeric(results["alpha"], errors="coerce").dropna() if "alpha" in results else pd.Series()
     figure = Figure(figsize=(5.2 * len(panels), 4.0), layout="constrained")
     FigureCanvasAgg(figure)
@@ -398,7 +404,7 @@ def coverage_figure(results: pd.DataFrame, path: Path) -> Path | None:
                 axes.scatter(group[size].mean(), group[cover].mean(), s=70, edgecolors="black", **style)
         if len(alpha):
             axes.axhline(1 - alpha.iloc[0], color="grey", linestyle="--", linewidth=1)
-        shapes = {"o": "circle", "s": "square"}
+        shapes = {"o": "circle", "s": "square", "^": "triangle"}
         pairs = ", ".join(f"{m}: {shapes[markers[m]]}" for m, _, _ in COVERAGE_PLOTS[family])
         axes.set_xlabel(
             "mean set size" if family == "classification" else "mean width / the data set's median abs width"

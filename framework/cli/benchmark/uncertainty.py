@@ -17,7 +17,15 @@ Every model of a cell is scored by the same functions from its outputs on the sa
   RMSEWithUncertainty``; or ``(n, M)``, the members' Gaussians of an ensemble, scored as their
   equal-weight mixture; ``None`` for a model fitted without one), and ripieno's ensembles with
   ``regression_head: gaussian`` (``EnsembleRegressor.predict_distribution``, the members' means and
-  variances); never a distribution made up from point predictions.
+  variances); never a distribution made up from point predictions;
+* regression ``qs``, the quantile score ``2 / L * sum_l pinball_l`` at the ``L = 19`` levels
+  ``SCORE_LEVELS`` (0.05, 0.10, ..., 0.95): CRPS's quantile decomposition ``CRPS = 2 * integral_0^1
+  pinball_tau d tau`` with equal weights on 19 levels (the forecasting literature's mean quantile loss;
+  not CRPS itself: 4.8% above it for a standard Gaussian scored on its own draws), for every
+  model with a predictive distribution (its quantiles) or with predictive quantiles at those levels
+  (``PREDICTIVE_QUANTILES``, such as XGBoost and LightGBM with ``quantile_levels``): the one score that
+  Gaussian and quantile models share; and ``cqr`` intervals (conformalised quantile regression on the
+  ``alpha / 2`` and ``1 - alpha / 2`` quantiles) for a model with predictive quantiles.
 
 Calibration rows (``ConformalSettings``): by default a stratified share of the table carved from the
 training rows with a fixed seed before any model is fitted, the same rows for every model and seed,
@@ -41,6 +49,11 @@ CALIBRATE_ON: tuple[str, ...] = ("train", "val", "none")
 CALIBRATION_SPLIT = "cal"
 """The split that ``calibration_splits`` adds to a ``TableSplits``: the rows carved for calibration."""
 ECE_BINS = 15
+SCORE_LEVELS: tuple[float, ...] = tuple(round(0.05 * i, 2) for i in range(1, 20))
+"""The levels of the quantile score ``qs``: 0.05, 0.10, ..., 0.95 (module docstring)."""
+PREDICTIVE_QUANTILES = "predictive_quantiles"
+"""The method by which a regressor offers quantiles: ``predictive_quantiles(X) -> (levels, quantiles)``
+with ``quantiles`` ``(n, len(levels))`` in the target's units, sorted along the levels."""
 PREDICTIVE_DISTRIBUTION = "predictive_distribution"
 """The method by which a regressor offers ``nll`` and ``crps``: ``predictive_distribution(X) -> (mean,
 variance)`` in the target's units, ``(n,)`` (a Gaussian per row) or ``(n, M)`` (a mixture's members)."""
@@ -233,7 +246,7 @@ def predictive_std(mean: np.ndarray, variance: np.ndarray) -> np.ndarray:
 
 
 def distribution_scores(y: np.ndarray, mean: np.ndarray, variance: np.ndarray) -> dict[str, float]:
-    """NLL (with ``log 2 pi``) and CRPS (closed form) of each row's Gaussian or equal-weight mixture.
+    """NLL (with ``log 2 pi``), CRPS (closed form) and ``qs`` of each row's Gaussian or equal-weight mixture.
 
     Args:
         y: targets ``(n,)``.
@@ -253,11 +266,75 @@ def distribution_scores(y: np.ndarray, mean: np.ndarray, variance: np.ndarray) -
     if mu.ndim == 2:  # the members' Gaussians of a distributional ensemble: their mixture, not its moments
         from ripieno.framework.metrics.mixture import mixture_crps, mixture_nll
 
-        return {"nll": float(mixture_nll(mu, var, target).double().mean()),
-                "crps": float(mixture_crps(mu, var, target).double().mean())}
-    from ripieno.framework.metrics.uq import EnsembleCRPS, GaussianNLL
+        found = {"nll": float(mixture_nll(mu, var, target).double().mean()),
+                 "crps": float(mixture_crps(mu, var, target).double().mean())}
+    else:
+        from ripieno.framework.metrics.uq import EnsembleCRPS, GaussianNLL
 
-    nll, crps = GaussianNLL(), EnsembleCRPS()
-    nll.update(mu, target, var=var)
-    crps.update(mu[:, None], target, noise_var=var)  # one member: the Gaussian's own CRPS
-    return {"nll": float(nll.compute()), "crps": float(crps.compute())}
+        nll, crps = GaussianNLL(), EnsembleCRPS()
+        nll.update(mu, target, var=var)
+        crps.update(mu[:, None], target, noise_var=var)  # one member: the Gaussian's own CRPS
+        found = {"nll": float(nll.compute()), "crps": float(crps.compute())}
+    quantiles = distribution_quantiles(mean, variance, SCORE_LEVELS)
+    return {**found, "qs": quantile_score(np.asarray(y, dtype=np.float64), SCORE_LEVELS, quantiles)}
+
+
+def distribution_quantiles(mean: np.ndarray, variance: np.ndarray, levels: tuple[float, ...]) -> np.ndarray:
+    """Quantiles ``(n, L)`` at ``levels`` of each row's Gaussian ``(n,)`` or equal-weight mixture ``(n, M)``.
+
+    A Gaussian's are closed form (``scipy.stats.norm.ppf``); a mixture's are found by bisection of its
+    CDF between the smallest and largest of its components' own quantiles (the mixture's quantile lies
+    between them), to ``2**-40`` of that bracket's width.
+
+    Example:
+        >>> distribution_quantiles(np.array([1.0]), np.array([4.0]), (0.5, 0.8413447460685429)).round(6)
+        array([[1., 3.]])
+        >>> distribution_quantiles(np.array([[0.0, 2.0]]), np.array([[1.0, 1.0]]), (0.5,)).round(6)
+        array([[1.]])
+    """
+    from scipy.special import ndtr
+    from scipy.stats import norm
+
+    mean, sd = np.asarray(mean, dtype=np.float64), np.sqrt(np.asarray(variance, dtype=np.float64))
+    z = norm.ppf(np.asarray(levels, dtype=np.float64))
+    if mean.ndim == 1:
+        return mean[:, None] + sd[:, None] * z[None, :]
+    own = mean[:, :, None] + sd[:, :, None] * z[None, None, :]  # (n, M, L): each component's quantiles
+    low, high = own.min(1), own.max(1)
+    for _ in range(40):  # 2^-40 of the bracket
+        middle = (low + high) / 2
+        below = ndtr((middle[:, None, :] - mean[:, :, None]) / sd[:, :, None]).mean(1) < np.asarray(levels)
+        low, high = np.where(below, middle, low), np.where(below, high, middle)
+    return (low + high) / 2
+
+
+def quantile_score(y: np.ndarray, levels: tuple[float, ...], quantiles: np.ndarray) -> float:
+    """The quantile score ``qs`` at ``SCORE_LEVELS``: twice the pinball loss averaged over them and the rows.
+
+    Args:
+        y: targets ``(n,)``.
+        levels: the levels of ``quantiles``' columns (every ``SCORE_LEVELS`` level among them).
+        quantiles: ``(n, len(levels))``.
+
+    Example:
+        >>> quantile_score(np.array([1.0]), SCORE_LEVELS, np.zeros((1, 19)))  # 2 * mean(levels) * 1
+        1.0
+    """
+    from sklearn.metrics import mean_pinball_loss
+
+    columns = [list(levels).index(level) for level in SCORE_LEVELS]
+    quantiles = np.asarray(quantiles, dtype=np.float64)
+    return 2.0 * float(np.mean([mean_pinball_loss(y, quantiles[:, c], alpha=level)
+                                for c, level in zip(columns, SCORE_LEVELS, strict=True)]))
+
+
+def cqr_intervals(
+    cal: tuple[np.ndarray, np.ndarray, np.ndarray], lower: np.ndarray, upper: np.ndarray, alpha: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """Conformalised quantile regression: ``[lower - qhat, upper + qhat]`` (``cal``: y, lowers, uppers)."""
+    from ripieno.framework.uq.conformal import SplitConformal
+
+    y_cal, lower_cal, upper_cal = cal
+    fitted = SplitConformal("cqr", alpha).calibrate((lower_cal, upper_cal), y_cal)
+    low, high = fitted.predict_intervals((lower, upper))
+    return low.numpy(), high.numpy()
