@@ -12,6 +12,7 @@ if TYPE_CHECKING:  # what type checkers and IDEs see; at run time each name is i
     from ripieno.callbacks.deep_ensemble import DeepEnsembleSampler
     from ripieno.callbacks.diversity_monitor import DiversityMonitor
     from ripieno.callbacks.georeg import GeoReg
+    from ripieno.callbacks.glm_posteriors import LaplaceGGN, LeastSquaresLogits
     from ripieno.callbacks.glm_sampler import LastLayerSampler
     from ripieno.callbacks.laplace_baseline import LaplaceSampler
     from ripieno.callbacks.mc_dropout import MCDropoutSampler
@@ -30,6 +31,8 @@ _EXPORTS = {
     "DiversityMonitor": "ripieno.callbacks.diversity_monitor",
     "GeoReg": "ripieno.callbacks.georeg",
     "LastLayerSampler": "ripieno.callbacks.glm_sampler",
+    "LaplaceGGN": "ripieno.callbacks.glm_posteriors",
+    "LeastSquaresLogits": "ripieno.callbacks.glm_posteriors",
     "LaplaceSampler": "ripieno.callbacks.laplace_baseline",
     "MCDropoutSampler": "ripieno.callbacks.mc_dropout",
     "NonFiniteGuard": "ripieno.callbacks.non_finite_guard",
@@ -48,8 +51,10 @@ __all__ = [
     "DiversityMonitor",
     "ElasticAveraging",
     "GeoReg",
+    "LaplaceGGN",
     "LaplaceSampler",
     "LastLayerSampler",
+    "LeastSquaresLogits",
     "MCDropoutSampler",
     "MemberPredictionWriter",
     "NonFiniteGuard",

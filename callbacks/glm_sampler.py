@@ -5,9 +5,9 @@ callback linearises the module around its trained weights and draws S samples wi
 gradients enabled (Lightning's evaluation loops run under inference mode, which forbids
 the Jacobian products), from one of two posteriors:
 
-* ``laplace_ggn`` (default): exact samples of the linearised-Laplace (GGN) posterior by
+* ``LaplaceGGN`` (default): exact samples of the linearised-Laplace (GGN) posterior by
   randomise-then-optimise (``ripieno.framework.uq.GLMPosteriorSampler``);
-* ``least_squares_logits``: the LinearSampling package's sampler, the paper's reference
+* ``LeastSquaresLogits``: the LinearSampling package's sampler, the paper's reference
   (``ripieno.framework.uq.LeastSquaresLogitSampler``): start at ``theta* + gamma eps``,
   fit the trained logits by SGD with momentum for a fixed number of epochs, and predict
   with ``scale * (f(x; theta*) + J(x) (theta_s - theta*))``.
@@ -19,12 +19,21 @@ from __future__ import annotations
 
 import functools
 import itertools
+import warnings
+from dataclasses import fields, replace
 from typing import Any, ClassVar, Literal
 
 import lightning as L
 import torch
 from typing_extensions import override
 
+from ripieno.callbacks.glm_posteriors import (
+    POSTERIOR_MOVED_ARGUMENTS,
+    POSTERIORS,
+    GLMPosterior,
+    LaplaceGGN,
+    LeastSquaresLogits,
+)
 from ripieno.callbacks.posterior_predictive import PosteriorPredictiveCallback, plain_copy
 from ripieno.callbacks.sampler_evaluation import (
     DEFAULT_EVALUATION,
@@ -41,6 +50,7 @@ from ripieno.callbacks.sampler_settings import (
     check_positive,
     setting_error,
 )
+from ripieno.framework.errors import REMOVED_IN, RipienoDeprecationWarning
 from ripieno.framework.messages import get_logger
 from ripieno.framework.metrics.uq import LogPointwisePredictiveDensity
 from ripieno.framework.uq.glm_sampler import GLMPosteriorSampler, last_layer_log_evidence
@@ -50,14 +60,55 @@ from ripieno.framework.uq.linearization import FullNetworkLinearization, LastLay
 log = get_logger(__name__)
 
 
-Posterior = Literal["laplace_ggn", "least_squares_logits"]
+DEFAULT_POSTERIOR = LaplaceGGN()
 #: The reference's settings for LeNet on Fashion-MNIST (LinearSampling's amended results), per ``glm``.
 LEAST_SQUARES_DEFAULTS: dict[str, dict[str, int | float]] = {
     "full": {"epochs": 10, "batch_size": 152, "lr": 1e-2, "momentum": 0.9, "gamma": 0.01},
     "last_layer": {"epochs": 20, "batch_size": 56, "lr": 1e-2, "momentum": 0.9, "gamma": 1.0},
 }
-_LEAST_SQUARES_ONLY = ("gamma", "gamma_grid", "predictive_scale", "predictive_scale_grid", "epochs",
-                       "batch_size", "lr", "momentum")
+
+
+def posterior_with_moved(owner: str, posterior: GLMPosterior | str | dict[str, Any],
+                         moved: dict[str, Any]) -> LaplaceGGN | LeastSquaresLogits:
+    """``posterior`` as its group, with the flat keyword arguments of earlier releases folded in.
+
+    A string (``"least_squares_logits"``, the earlier form) becomes its group's defaults and a dict
+    its group (by ``kind``, else ``laplace_ggn``), each flat setting moves into the group; every
+    earlier form warns (``RipienoDeprecationWarning``) naming the new one.
+
+    Raises:
+        ValueError: an unknown posterior, a setting given both flat and in the group, or a setting of
+            the other posterior.
+    """
+    if isinstance(posterior, str):
+        check_choice(owner, "posterior", posterior, tuple(POSTERIORS))
+        group = POSTERIORS[posterior]
+        warnings.warn(f"{owner}(posterior={posterior!r}) is now {owner}(posterior={group.__name__}(...)); the"
+                      f" string is removed in ripieno {REMOVED_IN}", RipienoDeprecationWarning, stacklevel=3)
+        posterior = group()
+    elif isinstance(posterior, dict):
+        kind = posterior.get("kind", "laplace_ggn")
+        check_choice(owner, "posterior.kind", kind, tuple(POSTERIORS))
+        posterior = POSTERIORS[kind](**posterior)
+    elif not isinstance(posterior, LaplaceGGN | LeastSquaresLogits):
+        raise setting_error(owner, "posterior", posterior, "it is the posterior to sample",
+                            "give LaplaceGGN(...) or LeastSquaresLogits(...)")
+    own = {f.name for f in fields(posterior)} - {"kind"}
+    other = [name for name in moved if name not in own]
+    if other:
+        raise setting_error(owner, "posterior", posterior.kind, f"{other} apply to the other posterior only",
+                            "drop them, or sample the posterior they belong to (LaplaceGGN or"
+                            " LeastSquaresLogits)")
+    default = type(posterior)()
+    for name in moved:
+        if getattr(posterior, name) != getattr(default, name):
+            group = type(posterior).__name__
+            raise ValueError(f"{owner}({name}=...) and {owner}(posterior={group}({name}=...)) are the same"
+                             f" setting, given twice; keep posterior.{name}.")
+        warnings.warn(f"{owner}({name}=...) is now {owner}(posterior={type(posterior).__name__}({name}=...));"
+                      f" the flat argument is removed in ripieno {REMOVED_IN}", RipienoDeprecationWarning,
+                      stacklevel=3)
+    return replace(posterior, **moved)
 
 
 class LastLayerSampler(PosteriorPredictiveCallback):
@@ -73,119 +124,87 @@ class LastLayerSampler(PosteriorPredictiveCallback):
     the noise), ``lppd`` and ``crps`` (regression); ``varroc_ood`` with an OOD test dataloader;
     ``uq/prior_precision``, or ``uq/gamma`` and ``uq/predictive_scale``, when chosen.
 
-    ``posterior="least_squares_logits"`` (classification only) takes the reference's
+    ``posterior=LeastSquaresLogits(...)`` (classification only) takes the reference's
     settings for LeNet on Fashion-MNIST unless given (``LEAST_SQUARES_DEFAULTS``: DNN-GLM 10
     epochs, batch 152, lr 1e-2, gamma 0.01; LL-GLM 20 epochs, batch 56, lr 1e-2, gamma 1;
     momentum 0.9) and, as the reference's last-layer sampler, samples the last layer's
     weight only (its bias stays trained). With ``gamma_grid`` and/or
-    ``predictive_scale_grid`` it keeps the pair with the highest validation LPPD: the
-    solve runs once (samples are proportional to ``gamma``), so the grid costs one pass
-    over the validation split.
+    ``predictive_scale_grid`` it keeps the pair with the highest validation LPPD.
 
     Example:
-        >>> sampler = LastLayerSampler(glm="full", posterior="least_squares_logits",
-        ...                            gamma_grid=[0.003, 0.01, 0.03], predictive_scale_grid=[0.5, 1.0, 2.0])
+        >>> sampler = LastLayerSampler(glm="full", posterior=LeastSquaresLogits(
+        ...     gamma_grid=[0.003, 0.01, 0.03], predictive_scale_grid=[0.5, 1.0, 2.0]))
         >>> sampler.settings["epochs"], sampler.settings["batch_size"]
         (10, 152)
 
     Args:
         glm: ``last_layer`` (LL-GLM: only the last ``nn.Linear``) or ``full`` (DNN-GLM).
-        posterior: ``laplace_ggn`` (exact linearised-Laplace samples) or
-            ``least_squares_logits`` (the LinearSampling reference sampler).
+        posterior: ``LaplaceGGN(...)`` (exact linearised-Laplace samples; its prior precision,
+            grid, selection, solver and iterations) or ``LeastSquaresLogits(...)`` (the
+            LinearSampling reference sampler; its gamma, predictive scale, grids and SGD settings).
+            ``glm_posteriors``' module docstring has the YAML form.
         last_layer_name: module name of the last linear layer (default: the last
             ``nn.Linear`` of the module).
         n_samples: posterior samples S (at least 2: the uncertainty is their spread).
-        prior_precision: ``lambda``.
-        evaluation: how samples are read and scored, the same for every sampler
-            (``SamplerEvaluation``: likelihood, noise variance, batch keys, OOD loader,
-            temperature). The flat arguments of earlier releases still work, with a warning.
-        solver: ``cg`` or ``sgd`` (see ``GLMPosteriorSampler``).
-        max_iters: CG iterations or SGD epochs.
-        prior_precision_grid: candidate ``lambda`` values; the one with the highest
-            validation LPPD (``trainer.datamodule.val_dataloader()``) is kept and logged
-            as ``uq/prior_precision`` (the same random draws serve every candidate).
-        selection: how a grid is scored: ``validation`` (LPPD on the validation split) or
-            ``evidence`` (last-layer regression only: the closed-form log marginal likelihood
-            of the training data under the linearised model, prior centred at ``theta*``).
         seed: the sampler's own seed.
-        gamma: ``least_squares_logits``: scale of the start draws ``theta* + gamma eps``.
-        gamma_grid: ``least_squares_logits``: candidate ``gamma`` values (validation LPPD).
-        predictive_scale: ``least_squares_logits``: the factor on the whole linearised
-            logits ``f(x; theta*) + J(x)(theta_s - theta*)`` before the softmax (the
-            reference's ``scale_cal``; 1 keeps them as they are).
-        predictive_scale_grid: ``least_squares_logits``: candidate scales (validation LPPD).
-        epochs: ``least_squares_logits``: SGD epochs over the training data.
-        batch_size: ``least_squares_logits``: SGD batch size (the training data in a fixed
-            order, re-batched).
-        lr: ``least_squares_logits``: SGD step size.
-        momentum: ``least_squares_logits``: heavy-ball momentum.
         progress_bar: show a progress bar over the posterior solve (CG or SGD for
             ``laplace_ggn``, the SGD epochs of ``least_squares_logits``; default: when the
             trainer shows its own, on rank 0).
+        evaluation: how samples are read and scored, the same for every sampler
+            (``SamplerEvaluation``: likelihood, noise variance, batch keys, OOD loader,
+            temperature).
+        **moved: the flat arguments of earlier releases (``prior_precision=``, ``gamma_grid=``,
+            ``ood_dataloader_idx=``, ...): each still works, with a ``RipienoDeprecationWarning``
+            naming its place in ``posterior`` or ``evaluation``.
     """
 
-    #: The flat arguments of earlier releases and their place in ``evaluation`` (a recipe file's load
-    #: regroups them, with a warning).
-    MOVED_ARGUMENTS: ClassVar[dict[str, str]] = MOVED_ARGUMENTS
+    #: The flat arguments of earlier releases and their place in ``evaluation`` or ``posterior`` (a
+    #: recipe file's load regroups them, with a warning).
+    MOVED_ARGUMENTS: ClassVar[dict[str, str]] = {**MOVED_ARGUMENTS, **POSTERIOR_MOVED_ARGUMENTS}
 
     def __init__(
         self,
         glm: Literal["last_layer", "full"] = "last_layer",
         *,
-        posterior: Posterior = "laplace_ggn",
+        posterior: GLMPosterior = DEFAULT_POSTERIOR,
         last_layer_name: str | None = None,
         n_samples: int = 10,
-        prior_precision: float = 1.0,
-        solver: Literal["cg", "sgd"] = "cg",
-        max_iters: int = 100,
-        prior_precision_grid: list[float] | None = None,
-        selection: Literal["validation", "evidence"] = "validation",
         seed: int = 0,
-        gamma: float | None = None,
-        gamma_grid: list[float] | None = None,
-        predictive_scale: float | None = None,
-        predictive_scale_grid: list[float] | None = None,
-        epochs: int | None = None,
-        batch_size: int | None = None,
-        lr: float | None = None,
-        momentum: float | None = None,
         progress_bar: bool | None = None,
         evaluation: SamplerEvaluation = DEFAULT_EVALUATION,
         **moved: Any,
     ) -> None:
-        self.evaluation = evaluation_with_moved(type(self).__name__, evaluation, moved)
+        owner = type(self).__name__
+        flat_posterior = {name: moved.pop(name) for name in list(moved) if name in POSTERIOR_MOVED_ARGUMENTS}
+        self.evaluation = evaluation_with_moved(owner, evaluation, moved)
         super().__init__(**self.evaluation.callback_kwargs())
-        owner, likelihood = type(self).__name__, self.evaluation.likelihood
+        likelihood = self.evaluation.likelihood
         check_choice(owner, "glm", glm, ("last_layer", "full"))
-        check_choice(owner, "posterior", posterior, ("laplace_ggn", "least_squares_logits"))
-        check_choice(owner, "selection", selection, ("validation", "evidence"))
+        posterior = posterior_with_moved(owner, posterior, flat_posterior)
         check_n_samples(owner, n_samples)
-        self.posterior = posterior
-        given = {"gamma": gamma, "gamma_grid": gamma_grid, "predictive_scale": predictive_scale,
-                 "predictive_scale_grid": predictive_scale_grid, "epochs": epochs, "batch_size": batch_size,
-                 "lr": lr, "momentum": momentum}
+        #: the posterior group (``LaplaceGGN`` or ``LeastSquaresLogits``).
+        self.posterior: LaplaceGGN | LeastSquaresLogits = posterior
         #: the least-squares solve's settings (reference defaults filled in); empty for laplace_ggn.
         self.settings: dict[str, Any] = {}
-        if posterior == "least_squares_logits":
-            self.settings = self._least_squares_settings(glm, given, likelihood, solver, prior_precision_grid,
-                                                         selection)
-        elif any(given[name] is not None for name in _LEAST_SQUARES_ONLY):
-            named = [name for name in _LEAST_SQUARES_ONLY if given[name] is not None]
-            raise setting_error(owner, "posterior", posterior,
-                                f"{named} apply to posterior='least_squares_logits' only",
-                                "drop them: laplace_ggn takes prior_precision(_grid), solver and max_iters")
+        laplace = posterior if isinstance(posterior, LaplaceGGN) else DEFAULT_POSTERIOR
+        if isinstance(posterior, LeastSquaresLogits):
+            given = {f.name: getattr(posterior, f.name) for f in fields(posterior) if f.name != "kind"}
+            self.settings = self._least_squares_settings(glm, given, likelihood)
         else:
-            check_choice(owner, "solver", solver, ("cg", "sgd"))
-            check_positive(owner, "prior_precision", prior_precision, "it is the Gaussian prior's precision")
-            check_grid(owner, "prior_precision_grid", prior_precision_grid,
+            check_choice(owner, "selection", laplace.selection, ("validation", "evidence"))
+            check_choice(owner, "solver", laplace.solver, ("cg", "sgd"))
+            check_positive(owner, "prior_precision", laplace.prior_precision,
+                           "it is the Gaussian prior's precision")
+            check_grid(owner, "prior_precision_grid", laplace.prior_precision_grid,
                        "they are candidate precisions of the Gaussian prior")
-            check_count(owner, "max_iters", max_iters, 1,
+            check_count(owner, "max_iters", laplace.max_iters, 1,
                         "the posterior solve runs this many CG iterations or SGD epochs")
         self.progress_bar = progress_bar
         self.glm, self.last_layer_name = glm, last_layer_name
-        self.n_samples, self.prior_precision = n_samples, prior_precision
-        self.solver, self.max_iters, self.seed = solver, max_iters, seed
-        self.prior_precision_grid = prior_precision_grid
+        self.n_samples, self.prior_precision = n_samples, laplace.prior_precision
+        self.solver, self.max_iters, self.seed = laplace.solver, laplace.max_iters, seed
+        self.prior_precision_grid = laplace.prior_precision_grid
+        selection = laplace.selection
         if selection == "evidence" and glm != "last_layer":
             raise setting_error(owner, "selection", selection, "selection='evidence' has a closed form for"
                                 " glm='last_layer' only", "use selection='validation' with glm='full'")
@@ -201,18 +220,13 @@ class LastLayerSampler(PosteriorPredictiveCallback):
         self.affine: tuple[float, float] = (1.0, 0.0)
 
     @staticmethod
-    def _least_squares_settings(glm: str, given: dict[str, Any], likelihood: str, solver: str,
-                                prior_precision_grid: list[float] | None, selection: str) -> dict[str, Any]:
+    def _least_squares_settings(glm: str, given: dict[str, Any], likelihood: str) -> dict[str, Any]:
         """The reference's defaults for ``glm`` updated with the given values, validated."""
         owner = LastLayerSampler.__name__
         if likelihood == "regression":
             raise setting_error(owner, "likelihood", likelihood, "posterior='least_squares_logits' is the"
                                 " reference's classifier sampler (it fits logits)",
                                 "use posterior='laplace_ggn' for regression")
-        if solver != "cg" or prior_precision_grid is not None or selection != "validation":
-            raise setting_error(owner, "posterior", "least_squares_logits", "solver, prior_precision_grid and"
-                                " selection='evidence' apply to posterior='laplace_ggn'; least_squares_logits"
-                                " has no prior", "tune gamma_grid and predictive_scale_grid instead")
         settings: dict[str, Any] = {**LEAST_SQUARES_DEFAULTS[glm], "predictive_scale": 1.0}
         settings["epochs"], settings["batch_size"] = int(settings["epochs"]), int(settings["batch_size"])
         settings.update({k: v for k, v in given.items() if v is not None})
@@ -240,7 +254,7 @@ class LastLayerSampler(PosteriorPredictiveCallback):
     def fit_posterior(self, trainer: L.Trainer,
                       pl_module: L.LightningModule) -> GLMPosteriorSampler | LeastSquaresLogitSampler:
         """Draw the posterior samples from the training data (gradients enabled)."""
-        if self.posterior == "least_squares_logits":
+        if isinstance(self.posterior, LeastSquaresLogits):
             return self._fit_least_squares(trainer, pl_module)
         loader = self.ordered_train_loader(trainer)
         likelihood = self.resolve_likelihood(pl_module)

@@ -80,7 +80,7 @@ from torch.utils.data import DataLoader
 from experiments.claim_rows import ClaimRow, Verdict, claims_table, mean_std, verdict
 from experiments.runs import quiet_lightning, results_dir, shown_path, write_text
 from experiments.uq_comparison import train
-from ripieno.callbacks import LastLayerSampler, SamplerEvaluation
+from ripieno.callbacks import LaplaceGGN, LastLayerSampler, SamplerEvaluation
 from ripieno.framework.cli.recipes import find_recipe
 from ripieno.framework.uq import FullNetworkLinearization, LastLayerLinearization
 
@@ -325,9 +325,10 @@ def ggn_glm(module: L.LightningModule, data: L.LightningDataModule, glm: str, bu
             root: Path) -> dict[str, Any]:
     """Our exact linearised-Laplace LL-GLM or DNN-GLM (``LastLayerSampler``): test metrics, seconds."""
     start = time.perf_counter()
-    callback = LastLayerSampler(glm=glm, n_samples=budget.samples, max_iters=budget.cg_iters,
-                                prior_precision_grid=list(budget.prior_grid), seed=seed, progress_bar=False,
-                                evaluation=SamplerEvaluation(input_key=list(INPUT_KEYS)))
+    callback = LastLayerSampler(glm=glm, n_samples=budget.samples, seed=seed, progress_bar=False,
+                                evaluation=SamplerEvaluation(input_key=list(INPUT_KEYS)),
+                                posterior=LaplaceGGN(max_iters=budget.cg_iters,
+                                                     prior_precision_grid=list(budget.prior_grid)))
     trainer = L.Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False,
                         default_root_dir=root, callbacks=[callback])
     logged = trainer.test(module, datamodule=data, verbose=False)[0]

@@ -33,6 +33,7 @@ from lightning.pytorch.callbacks import Callback
 from experiments.runs import make_cli, normalize_overrides, quiet_lightning, resolve_recipe, results_dir
 from ripieno.callbacks import (
     DeepEnsembleSampler,
+    LaplaceGGN,
     LaplaceSampler,
     LastLayerSampler,
     MCDropoutSampler,
@@ -135,16 +136,16 @@ def main(argv: list[str] | None = None) -> None:
         cli = train(args.recipe, 0, root / "seed0", overrides, [swag])
         checkpoints = [root / "seed0.ckpt"]
         cli.trainer.save_checkpoint(checkpoints[0])
-        ll_glm = LastLayerSampler(glm="last_layer", n_samples=s, prior_precision_grid=GRID,
-                                  evaluation=evaluation)
+        ll_glm = LastLayerSampler(glm="last_layer", n_samples=s, evaluation=evaluation,
+                                  posterior=LaplaceGGN(prior_precision_grid=GRID))
         methods: list[tuple[str, Callback | None]] = [("MAP", None), ("LL-GLM", ll_glm)]
         rows += [evaluate(cli, name, callback, root) for name, callback in methods]
         # DNN-GLM passes over the training set per CG step: it reuses LL-GLM's lambda
         # instead of its own grid search (a grid would multiply its cost by len(GRID)).
         methods = [
-            ("DNN-GLM", LastLayerSampler(glm="full", n_samples=s, max_iters=args.dnn_iters,
-                                         prior_precision=ll_glm.chosen_prior_precision,
-                                         evaluation=evaluation)),
+            ("DNN-GLM", LastLayerSampler(glm="full", n_samples=s, evaluation=evaluation,
+                                         posterior=LaplaceGGN(max_iters=args.dnn_iters,
+                                                              prior_precision=ll_glm.chosen_prior_precision))),
             ("MC-dropout", MCDropoutSampler(n_samples=s, evaluation=evaluation)),
         ]
         methods.append(("SWAG", swag))

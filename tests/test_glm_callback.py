@@ -1,5 +1,7 @@
 """LastLayerSampler on a user's module: fit after training, test metrics, predict samples."""
 
+import inspect
+from contextlib import nullcontext
 from pathlib import Path
 
 import lightning as L
@@ -10,7 +12,9 @@ from helpers.ddp import DestroyGlooAtExit
 from helpers.tiny_lightning import TinyClassifier, TinyData
 from scipy.special import logsumexp, softmax
 
+from ripieno.callbacks import LaplaceGGN, LeastSquaresLogits, SamplerEvaluation
 from ripieno.callbacks.glm_sampler import LastLayerSampler
+from ripieno.framework.errors import RipienoDeprecationWarning
 
 pytestmark = pytest.mark.filterwarnings("ignore:You passed in a .val_dataloader. but have no")
 
@@ -23,7 +27,7 @@ def _trainer(tmp_path, callback):
 @pytest.mark.parametrize("glm", ["last_layer", "full"])
 def test_classification_metrics_equal_direct_computation(tmp_path, glm):
     model, data = TinyClassifier(), TinyData()
-    callback = LastLayerSampler(glm=glm, n_samples=8, prior_precision=2.0, max_iters=50)
+    callback = LastLayerSampler(glm=glm, n_samples=8, posterior=LaplaceGGN(prior_precision=2.0, max_iters=50))
     trainer = _trainer(tmp_path, callback)
     trainer.fit(model, datamodule=data)
     assert callback.sampler is not None and callback.sampler.z.shape[0] == 8
@@ -43,7 +47,8 @@ def test_classification_metrics_equal_direct_computation(tmp_path, glm):
 
 def test_regression_gaussian_nll_includes_noise(tmp_path):
     model, data = TinyClassifier(n_out=1, task="regression"), TinyData("regression")
-    callback = LastLayerSampler(n_samples=6, noise_variance=0.25, max_iters=50)
+    callback = LastLayerSampler(n_samples=6, posterior=LaplaceGGN(max_iters=50),
+                                evaluation=SamplerEvaluation(noise_variance=0.25))
     trainer = _trainer(tmp_path, callback)
     trainer.fit(model, datamodule=data)
     result = trainer.test(model, datamodule=data, verbose=False)[0]
@@ -57,7 +62,7 @@ def test_regression_gaussian_nll_includes_noise(tmp_path):
 
 def test_noise_variance_is_estimated_from_training_residuals(tmp_path):
     model, data = TinyClassifier(n_out=1, task="regression"), TinyData("regression")
-    callback = LastLayerSampler(n_samples=2, max_iters=20)
+    callback = LastLayerSampler(n_samples=2, posterior=LaplaceGGN(max_iters=20))
     _trainer(tmp_path, callback).fit(model, datamodule=data)
     model.eval()
     with torch.no_grad():
@@ -106,7 +111,8 @@ def test_mc_dropout_without_dropout_is_an_error(tmp_path):
 
 def test_prior_precision_grid_keeps_the_best_validation_lppd(tmp_path):
     model, data = TinyClassifier(), TinyData()
-    callback = LastLayerSampler(n_samples=20, prior_precision_grid=[0.01, 1.0, 100.0], max_iters=60)
+    callback = LastLayerSampler(n_samples=20,
+                                posterior=LaplaceGGN(prior_precision_grid=[0.01, 1.0, 100.0], max_iters=60))
     trainer = _trainer(tmp_path, callback)
     trainer.fit(model, datamodule=data)
     scores = callback.validation_lppd
@@ -130,9 +136,10 @@ def _stack(rows):
 @pytest.mark.parametrize("glm", ["last_layer", "full"])
 def test_least_squares_logits_grid_keeps_the_best_validation_lppd(tmp_path, glm):
     model, data = TinyClassifier(), TinyData()
-    callback = LastLayerSampler(glm=glm, posterior="least_squares_logits", n_samples=6, epochs=3,
-                                batch_size=16, gamma_grid=[0.01, 0.3, 3.0],
-                                predictive_scale_grid=[0.5, 1.0, 2.0])
+    callback = LastLayerSampler(glm=glm, n_samples=6,
+                                posterior=LeastSquaresLogits(epochs=3, batch_size=16,
+                                                             gamma_grid=[0.01, 0.3, 3.0],
+                                                             predictive_scale_grid=[0.5, 1.0, 2.0]))
     trainer = _trainer(tmp_path, callback)
     trainer.fit(model, datamodule=data)
     sampler = callback.sampler
@@ -155,13 +162,13 @@ def test_least_squares_logits_grid_keeps_the_best_validation_lppd(tmp_path, glm)
 
 
 def test_least_squares_logits_takes_the_reference_settings_and_shows_progress(tmp_path):
-    full = LastLayerSampler(glm="full", posterior="least_squares_logits")
-    last = LastLayerSampler(posterior="least_squares_logits", lr=0.05)
+    full = LastLayerSampler(glm="full", posterior=LeastSquaresLogits())
+    last = LastLayerSampler(posterior=LeastSquaresLogits(lr=0.05))
     assert {k: full.settings[k] for k in ("epochs", "batch_size", "lr", "momentum", "gamma")} == {
         "epochs": 10, "batch_size": 152, "lr": 1e-2, "momentum": 0.9, "gamma": 0.01}
     assert {k: last.settings[k] for k in ("epochs", "batch_size", "lr", "gamma")} == {
         "epochs": 20, "batch_size": 56, "lr": 0.05, "gamma": 1.0}
-    callback = LastLayerSampler(posterior="least_squares_logits", n_samples=2, epochs=1)
+    callback = LastLayerSampler(n_samples=2, posterior=LeastSquaresLogits(epochs=1))
     trainer = L.Trainer(max_epochs=1, logger=False, enable_model_summary=False, enable_checkpointing=False,
                         default_root_dir=tmp_path, callbacks=[callback])
     trainer.fit(TinyClassifier(), datamodule=TinyData())
@@ -172,7 +179,8 @@ def test_varroc_map_prediction_uses_the_networks_argmax(tmp_path):
     from ripieno.framework.metrics.uq import VarROC
 
     model, data = TinyClassifier(), TinyData()
-    callback = LastLayerSampler(n_samples=8, prior_precision=0.05, max_iters=50, varroc_prediction="map")
+    callback = LastLayerSampler(n_samples=8, posterior=LaplaceGGN(prior_precision=0.05, max_iters=50),
+                                evaluation=SamplerEvaluation(varroc_prediction="map"))
     trainer = _trainer(tmp_path, callback)
     trainer.fit(model, datamodule=data)
     result = trainer.test(model, datamodule=data, verbose=False)[0]
@@ -188,23 +196,53 @@ def test_varroc_map_prediction_uses_the_networks_argmax(tmp_path):
 
 @pytest.mark.parametrize(("kwargs", "match"), [
     ({"posterior": "exact"}, "posterior must be"),
-    ({"gamma": 0.1}, "least_squares_logits' only"),
-    ({"predictive_scale_grid": [1.0]}, "least_squares_logits' only"),
-    ({"posterior": "least_squares_logits", "likelihood": "regression"}, "use posterior='laplace_ggn'"),
-    ({"posterior": "least_squares_logits", "prior_precision_grid": [1.0]}, "no prior"),
-    ({"posterior": "least_squares_logits", "solver": "sgd"}, "no prior"),
-    ({"posterior": "least_squares_logits", "gamma_grid": [0.0, 1.0]}, "positive values"),
-    ({"posterior": "least_squares_logits", "momentum": 1.5}, "momentum must be"),
-    ({"posterior": "least_squares_logits", "epochs": 0}, "epochs and batch_size"),
-    ({"varroc_prediction": "mode"}, "varroc_prediction must be"),
+    ({"posterior": {"kind": "exact"}}, "posterior.kind must be"),
+    ({"posterior": LeastSquaresLogits(), "evaluation": SamplerEvaluation(likelihood="regression")},
+     "use posterior='laplace_ggn'"),
+    ({"posterior": LeastSquaresLogits(gamma_grid=[0.0, 1.0])}, "positive values"),
+    ({"posterior": LeastSquaresLogits(momentum=1.5)}, "momentum must be"),
+    ({"posterior": LeastSquaresLogits(epochs=0)}, "epochs and batch_size"),
+    ({"posterior": LaplaceGGN(solver="lbfgs")}, "solver must be"),
+    ({"posterior": LaplaceGGN(max_iters=0)}, "max_iters"),
+    ({"glm": "full", "posterior": LaplaceGGN(selection="evidence")}, "glm='last_layer' only"),
+    ({"evaluation": SamplerEvaluation(varroc_prediction="mode")}, "varroc_prediction must be"),
 ])
 def test_bad_posterior_arguments_are_rejected(kwargs, match):
     with pytest.raises(ValueError, match=match):
         LastLayerSampler(**kwargs)
 
 
+@pytest.mark.parametrize("kwargs", [
+    {"gamma": 0.1},  # the default posterior is laplace_ggn
+    {"predictive_scale_grid": [1.0]},
+    {"posterior": "least_squares_logits", "prior_precision_grid": [1.0]},
+    {"posterior": LeastSquaresLogits(), "solver": "sgd"},
+])
+def test_a_flat_setting_of_the_other_posterior_is_refused_as_before_the_groups(kwargs):
+    old_string = isinstance(kwargs.get("posterior"), str)
+    with pytest.warns(RipienoDeprecationWarning) if old_string else nullcontext():
+        with pytest.raises(ValueError, match="apply to the other posterior only; drop them"):
+            LastLayerSampler(**kwargs)
+
+
+def test_the_flat_arguments_of_earlier_releases_build_the_same_sampler_with_a_warning():
+    with pytest.warns(RipienoDeprecationWarning, match=r"posterior=LeastSquaresLogits\(gamma_grid=\.\.\.\)"):
+        old = LastLayerSampler(glm="full", posterior="least_squares_logits", gamma_grid=[0.1, 1.0], epochs=2)
+    new = LastLayerSampler(glm="full", posterior=LeastSquaresLogits(gamma_grid=[0.1, 1.0], epochs=2))
+    assert old.posterior == new.posterior and old.settings == new.settings
+    with pytest.warns(RipienoDeprecationWarning, match=r"posterior=LaplaceGGN\(max_iters=\.\.\.\)"):
+        old = LastLayerSampler(prior_precision=3.0, max_iters=7, selection="evidence")
+    assert old.posterior == LaplaceGGN(prior_precision=3.0, max_iters=7, selection="evidence")
+    assert (old.prior_precision, old.max_iters, old.selection) == (3.0, 7, "evidence")
+    with pytest.raises(ValueError, match="given twice; keep posterior.max_iters"):
+        LastLayerSampler(posterior=LaplaceGGN(max_iters=3), max_iters=4)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'prior'"):
+        LastLayerSampler(prior=1.0)
+    assert len(inspect.signature(LastLayerSampler).parameters) == 8  # 26 flat before the groups
+
+
 def test_least_squares_logits_rejects_a_regression_module(tmp_path):
-    callback = LastLayerSampler(posterior="least_squares_logits", n_samples=2, epochs=1)
+    callback = LastLayerSampler(n_samples=2, posterior=LeastSquaresLogits(epochs=1))
     with pytest.raises(ValueError, match="regression module"):
         _trainer(tmp_path, callback).fit(TinyClassifier(n_out=1, task="regression"),
                                          datamodule=TinyData("regression"))
@@ -212,7 +250,7 @@ def test_least_squares_logits_rejects_a_regression_module(tmp_path):
 
 def test_posterior_is_refit_when_other_weights_are_loaded(tmp_path):
     model, data = TinyClassifier(), TinyData()
-    callback = LastLayerSampler(n_samples=4, max_iters=30)
+    callback = LastLayerSampler(n_samples=4, posterior=LaplaceGGN(max_iters=30))
     trainer = _trainer(tmp_path, callback)
     trainer.fit(model, datamodule=data)
     first = callback.sampler
@@ -255,7 +293,7 @@ def test_reliability_diagram_is_written_from_the_ece_states(tmp_path):
     from lightning.pytorch.loggers import CSVLogger
 
     model, data = TinyClassifier(), TinyData()
-    callback = LastLayerSampler(n_samples=4, max_iters=30)
+    callback = LastLayerSampler(n_samples=4, posterior=LaplaceGGN(max_iters=30))
     trainer = L.Trainer(max_epochs=2, logger=CSVLogger(tmp_path), enable_progress_bar=False,
                         enable_model_summary=False, enable_checkpointing=False, callbacks=[callback])
     trainer.fit(model, datamodule=data)
@@ -270,7 +308,8 @@ def test_reliability_diagram_is_written_from_the_ece_states(tmp_path):
 def test_ddp_test_equals_one_process(tmp_path):
     """Every rank fits the same posterior (training data in a fixed order); test shards sync."""
     model, data = TinyClassifier(), TinyData()
-    _trainer(tmp_path, LastLayerSampler(n_samples=4, max_iters=30)).fit(model, datamodule=data)
+    _trainer(tmp_path, LastLayerSampler(n_samples=4,
+                                        posterior=LaplaceGGN(max_iters=30))).fit(model, datamodule=data)
     single = L.Trainer(logger=False, enable_progress_bar=False, callbacks=[LastLayerSampler(n_samples=4)],
                        default_root_dir=tmp_path)
     one = single.test(model, datamodule=data, verbose=False)[0]
@@ -331,7 +370,8 @@ def test_baseline_ddp_test_equals_one_process(tmp_path, kind, rel):
 def test_glm_solve_shows_a_progress_bar_only_when_asked(tmp_path, capsys, solver):
     model, data = TinyClassifier(), TinyData()
     for shown in (True, False):
-        callback = LastLayerSampler(n_samples=2, max_iters=3, solver=solver, progress_bar=shown)
+        callback = LastLayerSampler(n_samples=2, progress_bar=shown,
+                                    posterior=LaplaceGGN(max_iters=3, solver=solver))
         _trainer(tmp_path, callback).fit(model, datamodule=data)
         err = capsys.readouterr().err
         assert ("GLM posterior solve" in err) == shown

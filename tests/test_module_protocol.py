@@ -26,6 +26,7 @@ from ripieno.callbacks import (
     LastLayerSampler,
     ReplicaCoupling,
     RoutingResampler,
+    SamplerEvaluation,
     TemperatureScaling,
 )
 from ripieno.callbacks.posterior_predictive import PosteriorPredictiveCallback
@@ -145,7 +146,8 @@ def test_optional_capabilities_fall_back_as_documented(caplog):
     plain.output_affine = (2.0, -1.0)
     assert isinstance(plain, TaskModel) and isinstance(plain, OutputAffineModel)
     assert sampler.resolve_likelihood(plain) == "regression"
-    assert LastLayerSampler(likelihood="binary").resolve_likelihood(plain) == "binary"  # the setting wins
+    binary = LastLayerSampler(evaluation=SamplerEvaluation(likelihood="binary"))
+    assert binary.resolve_likelihood(plain) == "binary"  # the setting wins
     assert PosteriorPredictiveCallback.output_affine(plain) == (2.0, -1.0)
 
 

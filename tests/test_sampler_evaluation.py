@@ -113,3 +113,30 @@ def test_the_shipped_sampler_recipes_use_the_group(tmp_path) -> None:
     sampler = next(c for c in callbacks if c["class_path"].endswith("LastLayerSampler"))
     evaluation = sampler["init_args"]["evaluation"]
     assert (evaluation["varroc_prediction"], evaluation["ood_dataloader_idx"]) == ("map", 1)
+    assert sampler["init_args"]["posterior"]["kind"] == "least_squares_logits"
+
+
+def test_a_last_layer_recipe_of_earlier_releases_loads_with_its_posterior_grouped(tmp_path, capsys) -> None:
+    """``posterior: least_squares_logits`` with its settings flat beside it: the group the parser builds."""
+    old = {"glm": "last_layer", "n_samples": 4, "posterior": "least_squares_logits", "gamma_grid": [0.1, 1.0],
+           "epochs": 2, "ood_dataloader_idx": 1}
+    sampler_entry = {"class_path": "ripieno.callbacks.LastLayerSampler", "init_args": old}
+    recipe = {"trainer": {"callbacks": [sampler_entry]}}
+    path = tmp_path / "old.yaml"
+    path.write_text(yaml.safe_dump(recipe))
+    with pytest.raises(SystemExit) as stop:
+        main(["fit", "-c", "uq/ll_glm_fashion_mnist", "-c", str(path), "--print_config"])
+    assert stop.value.code in (0, None)
+    printed = capsys.readouterr()
+    callbacks = yaml.safe_load(io.StringIO(printed.out))["trainer"]["callbacks"]
+    sampler = next(c for c in callbacks if c["class_path"].endswith("LastLayerSampler"))["init_args"]
+    posterior = sampler["posterior"]
+    assert (posterior["kind"], posterior["gamma_grid"], posterior["epochs"]) == ("least_squares_logits",
+                                                                                 [0.1, 1.0], 2)
+    assert "gamma_grid" not in sampler and sampler["evaluation"]["ood_dataloader_idx"] == 1
+    warned = [line for line in printed.err.splitlines() if line.startswith("ripieno: warning: ")]
+    assert len(warned) == 4 and any("init_args.posterior is now trainer.callbacks" in w for w in warned)
+    own = {k: v for k, v in sampler.items() if k not in ("posterior", "evaluation")}
+    built = LastLayerSampler(**own, posterior=sampler["posterior"],
+                             evaluation=SamplerEvaluation(**sampler["evaluation"]))
+    assert built.settings["gamma_grid"] == [0.1, 1.0] and built.settings["epochs"] == 2

@@ -15,6 +15,7 @@ from torch.utils.data import DataLoader
 
 from ripieno.callbacks import (
     DeepEnsembleSampler,
+    LaplaceGGN,
     LaplaceSampler,
     LastLayerSampler,
     MCDropoutSampler,
@@ -56,7 +57,7 @@ class Rows(L.LightningDataModule):
 
 
 SAMPLERS = {
-    "LastLayerSampler": lambda **kw: LastLayerSampler(n_samples=2, max_iters=5, **kw),
+    "LastLayerSampler": lambda **kw: LastLayerSampler(n_samples=2, **kw, posterior=LaplaceGGN(max_iters=5)),
     "LaplaceSampler": lambda **kw: LaplaceSampler(n_samples=2, optimize_prior=False, **kw),
     "MCDropoutSampler": lambda **kw: MCDropoutSampler(n_samples=2, **kw),
     "DeepEnsembleSampler": lambda paths, **kw: DeepEnsembleSampler(paths, **kw),

@@ -12,6 +12,7 @@ from helpers.tiny_lightning import TinyClassifier, TinyData
 
 from ripieno.callbacks import (
     DeepEnsembleSampler,
+    LaplaceGGN,
     LaplaceSampler,
     LastLayerSampler,
     MCDropoutSampler,
@@ -76,7 +77,7 @@ def test_a_bad_setting_is_one_line_naming_the_argument_its_value_and_the_fix(cls
 def test_two_samples_are_enough_and_one_is_not(tmp_path):
     with pytest.raises(ValueError, match="samples >= 2"):  # why the check is n_samples >= 2
         VarROC(input_kind="probs").update(torch.full((4, 1, 3), 1 / 3), torch.zeros(4, dtype=torch.long))
-    sampler = LastLayerSampler(n_samples=2, max_iters=5)
+    sampler = LastLayerSampler(n_samples=2, posterior=LaplaceGGN(max_iters=5))
     trainer = L.Trainer(max_epochs=1, logger=False, enable_progress_bar=False, enable_model_summary=False,
                         enable_checkpointing=False, default_root_dir=tmp_path, callbacks=[sampler])
     model, data = TinyClassifier(), TinyData()

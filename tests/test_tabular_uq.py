@@ -4,7 +4,7 @@ import lightning as L
 import pytest
 import torch
 
-from ripieno.callbacks import LastLayerSampler
+from ripieno.callbacks import LaplaceGGN, LastLayerSampler, SamplerEvaluation
 from ripieno.datamodules import TabularDataModule
 from ripieno.framework import TabularMLP
 
@@ -21,7 +21,8 @@ def test_loss_is_the_standardised_squared_error():
 def test_ll_glm_regression_metrics_and_units(tmp_path):
     dm = TabularDataModule("concrete", numeric_embedding="none", max_rows=400, batch_size=64)
     model = TabularMLP(dm.spec, hidden=[32, 32])
-    callback = LastLayerSampler(n_samples=8, prior_precision=1.0, input_key=["x_num", "x_cat"])
+    callback = LastLayerSampler(n_samples=8, posterior=LaplaceGGN(prior_precision=1.0),
+                                evaluation=SamplerEvaluation(input_key=["x_num", "x_cat"]))
     trainer = L.Trainer(max_epochs=20, logger=False, enable_progress_bar=False, enable_model_summary=False,
                         enable_checkpointing=False, default_root_dir=tmp_path, callbacks=[callback])
     trainer.fit(model, datamodule=dm)
@@ -49,8 +50,10 @@ def test_evidence_selection_picks_the_closed_form_maximiser(tmp_path):
     dm = TabularDataModule("concrete", numeric_embedding="none", max_rows=300, batch_size=64)
     model = TabularMLP(dm.spec, hidden=[16])
     grid = [0.001, 0.1, 10.0, 1000.0]
-    callback = LastLayerSampler(n_samples=2, noise_variance=25.0, prior_precision_grid=grid,
-                                selection="evidence", input_key=["x_num", "x_cat"])
+    callback = LastLayerSampler(n_samples=2,
+                                posterior=LaplaceGGN(prior_precision_grid=grid, selection="evidence"),
+                                evaluation=SamplerEvaluation(noise_variance=25.0,
+                                                             input_key=["x_num", "x_cat"]))
     trainer = L.Trainer(max_epochs=5, logger=False, enable_progress_bar=False, enable_model_summary=False,
                         enable_checkpointing=False, default_root_dir=tmp_path, callbacks=[callback])
     trainer.fit(model, datamodule=dm)
@@ -64,4 +67,4 @@ def test_evidence_selection_picks_the_closed_form_maximiser(tmp_path):
     assert callback.log_evidence == pytest.approx(expected, rel=1e-6)
     assert callback.chosen_prior_precision == max(expected, key=expected.get)
     with pytest.raises(ValueError, match="glm='last_layer' only"):
-        LastLayerSampler(glm="full", selection="evidence")
+        LastLayerSampler(glm="full", posterior=LaplaceGGN(selection="evidence"))

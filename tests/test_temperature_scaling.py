@@ -10,7 +10,7 @@ from helpers.ddp import DestroyGlooAtExit
 from torch import nn
 from torch.utils.data import DataLoader
 
-from ripieno.callbacks import LastLayerSampler, TemperatureScaling
+from ripieno.callbacks import LastLayerSampler, SamplerEvaluation, TemperatureScaling
 from ripieno.callbacks.temperature_scaling import fit_temperature, member_mean_nll
 
 pytestmark = pytest.mark.filterwarnings("ignore:You passed in a .val_dataloader. but have no",
@@ -333,17 +333,20 @@ def test_samplers_divide_their_logits_by_the_temperature(tmp_path):
     _trainer(tmp_path, [], max_epochs=2).fit(model, datamodule=data)
     settings = {"n_samples": 4, "max_iters": 30, "seed": 0}
     plain = _samples(tmp_path, model, data, LastLayerSampler(**settings))
-    assert torch.allclose(_samples(tmp_path, model, data, LastLayerSampler(**settings, temperature=2.0)),
+    assert torch.allclose(_samples(tmp_path, model, data, LastLayerSampler(**settings,
+                                                                           evaluation=SamplerEvaluation(temperature=2.0))),
                           plain / 2.0, atol=1e-5)
     scaling = TemperatureScaling(output_kind="logits")
     scaling.load_state_dict({"temperature": 1.7})
-    assert torch.allclose(_samples(tmp_path, model, data, LastLayerSampler(**settings, temperature=scaling)),
+    assert torch.allclose(_samples(tmp_path, model, data, LastLayerSampler(**settings,
+                                                                           evaluation=SamplerEvaluation(temperature=scaling))),
                           plain / 1.7, atol=1e-5)
-    by_name = _samples(tmp_path, model, data, LastLayerSampler(**settings, temperature="callback"), scaling)
+    by_callback = LastLayerSampler(**settings, evaluation=SamplerEvaluation(temperature="callback"))
+    by_name = _samples(tmp_path, model, data, by_callback, scaling)
     assert torch.allclose(by_name, plain / 1.7, atol=1e-5)
 
     # Test metrics score softmax(z / T) of the samples.
-    sampler = LastLayerSampler(**settings, temperature=2.0)
+    sampler = LastLayerSampler(**settings, evaluation=SamplerEvaluation(temperature=2.0))
     result = _trainer(tmp_path, [sampler]).test(model, datamodule=data, verbose=False)[0]
     y = torch.cat([b["y"] for b in data.test])
     assert result["uq/test/nll"] == pytest.approx(_nll(plain / 2.0, y), rel=1e-4)
@@ -351,18 +354,18 @@ def test_samplers_divide_their_logits_by_the_temperature(tmp_path):
 
 def test_sampler_temperature_errors(tmp_path):
     with pytest.raises(ValueError, match="> 0"):
-        LastLayerSampler(temperature=0.0)
+        LastLayerSampler(evaluation=SamplerEvaluation(temperature=0.0))
     with pytest.raises(ValueError, match="'callback'"):
-        LastLayerSampler(temperature="fitted")
-    unfitted = LastLayerSampler(temperature=TemperatureScaling())
+        LastLayerSampler(evaluation=SamplerEvaluation(temperature="fitted"))
+    unfitted = LastLayerSampler(evaluation=SamplerEvaluation(temperature=TemperatureScaling()))
     with pytest.raises(RuntimeError, match="has not fitted a temperature"):
         unfitted.current_temperature()
-    regression = LastLayerSampler(temperature=2.0)
+    regression = LastLayerSampler(evaluation=SamplerEvaluation(temperature=2.0))
     regression.likelihood = "regression"
     with pytest.raises(ValueError, match="regression likelihood"):
         regression.tempered(torch.zeros(2, 3, 1))
     with pytest.raises(ValueError, match="exactly one TemperatureScaling"):
-        trainer = _trainer(tmp_path, [LastLayerSampler(temperature="callback")])
+        trainer = _trainer(tmp_path, [LastLayerSampler(evaluation=SamplerEvaluation(temperature="callback"))])
         trainer.predict(Classifier(), datamodule=Data())
 
 

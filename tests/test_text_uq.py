@@ -4,7 +4,7 @@ import lightning as L
 import pytest
 import torch
 
-from ripieno.callbacks import LastLayerSampler
+from ripieno.callbacks import LaplaceGGN, LastLayerSampler, SamplerEvaluation
 from ripieno.datamodules import TextDataModule
 from ripieno.framework import TextClassifier
 
@@ -14,7 +14,8 @@ def test_glm_sampler_on_gpt2(tmp_path, glm):
     dm = TextDataModule(max_rows=160, build_tokenizer=True, vocab_size=300, max_length=16,
                         batch_size=32, eval_batch_size=64)
     model = TextClassifier(dm.spec, n_layer=1, n_head=2, n_embd=16)
-    callback = LastLayerSampler(glm=glm, n_samples=3, max_iters=3, input_key=["input_ids", "attention_mask"])
+    callback = LastLayerSampler(glm=glm, n_samples=3, posterior=LaplaceGGN(max_iters=3),
+                                evaluation=SamplerEvaluation(input_key=["input_ids", "attention_mask"]))
     trainer = L.Trainer(max_epochs=1, logger=False, enable_progress_bar=False, enable_model_summary=False,
                         enable_checkpointing=False, default_root_dir=tmp_path, callbacks=[callback])
     trainer.fit(model, datamodule=dm)
