@@ -482,12 +482,12 @@ def ddp_step_times(accelerator: str, devices: int, s: Sizes, folder: Path) -> li
     Returns:
         The seconds of every step on global rank 0, warm-up included.
     """
-    from ripieno.datamodules import TabularDataModule
+    from ripieno.datamodules import LoaderSettings, SplitSettings, TabularDataModule
     from ripieno.framework import TabularEnsembleModule
 
     L.seed_everything(0, verbose=False)
-    data = TabularDataModule("mlc_churn", n_bins=32, batch_size=s.ddp_batch, split_seed=0,
-                             max_rows=s.ddp_rows)
+    data = TabularDataModule("mlc_churn", n_bins=32, max_rows=s.ddp_rows, split=SplitSettings(seed=0),
+                             loader=LoaderSettings(batch_size=s.ddp_batch))
     model = TabularEnsembleModule(data.spec, k=16, adapter="lometab", rank=4, n_blocks=2, d_block=128,
                                   dropout=0.1, d_embedding=8)
     path = folder / f"times_{accelerator}_{devices}.json"
@@ -536,13 +536,13 @@ def section_loes(report: Report, cfg: Settings) -> list[str]:
     """(d): MiniLM extraction throughput and the LOES selection share of it."""
     from transformers import AutoModel
 
-    from ripieno.datamodules import TextDataModule
+    from ripieno.datamodules import LoaderSettings, TextDataModule
     from ripieno.framework.loes import extract_layer_embeddings, minilm_dir, select_layers
 
     s, device = cfg.sizes, cfg.device
     torch.manual_seed(0)
     data = TextDataModule("rotten_tomatoes", tokenizer_dir=str(minilm_dir()), max_length=64,
-                          max_rows=int(s.loes_rows / 0.72) + 10, eval_batch_size=256)
+                          max_rows=int(s.loes_rows / 0.72) + 10, loader=LoaderSettings(eval_batch_size=256))
     train = data._split("train")  # the training split in a fixed order (as bench/loes_selection.py)
     n = min(s.loes_rows, len(train))
     batches = [train.__getitems__(list(range(i, min(i + 256, n)))) for i in range(0, n, 256)]
@@ -595,7 +595,7 @@ def _family_args(family: str, s: Sizes, cache: Path) -> list[str]:
         args.append(f"--data.init_args.max_train_rows={s.sync_rows}")
     else:
         source = {"class_path": "ripieno.datamodules.TextDataModule",
-                  "init_args": {"dataset": "rotten_tomatoes", "max_length": 64, "split_seed": 0,
+                  "init_args": {"dataset": "rotten_tomatoes", "max_length": 64, "split": {"seed": 0},
                                 "max_rows": s.sync_text_rows}}
         args += [f"--data.init_args.source={json.dumps(source)}", "--data.init_args.progress=false",
                  "--data.init_args.selection.scores_path=null", f"--data.init_args.cache.dir={cache}"]

@@ -48,7 +48,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 from transformers import AutoConfig, AutoModel  # noqa: E402
 
-from ripieno.datamodules import TextDataModule  # noqa: E402
+from ripieno.datamodules import (
+    LoaderSettings,
+    TextDataModule,  # noqa: E402
+)
 from ripieno.framework.loes import extract_layer_embeddings, minilm_dir, select_layers  # noqa: E402
 from ripieno.framework.loes import selection as selection_module  # noqa: E402
 
@@ -75,7 +78,7 @@ def main() -> None:
         selection_module.SELECTION_THREADS = args.selection_threads or None
     torch.manual_seed(0)
     data = TextDataModule("rotten_tomatoes", tokenizer_dir=str(minilm_dir()), max_length=64,
-                          max_rows=int(args.rows / 0.72) + 10, eval_batch_size=256)
+                          max_rows=int(args.rows / 0.72) + 10, loader=LoaderSettings(eval_batch_size=256))
     train = data._split("train")  # the training split in a fixed order
     n = min(args.rows, len(train))
     batches = [train.__getitems__(list(range(i, min(i + 256, n)))) for i in range(0, n, 256)]

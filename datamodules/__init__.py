@@ -11,6 +11,7 @@ from ripieno.framework.lazy_exports import lazy_exports
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time each name is imported on first use
     from ripieno.datamodules.audio import AudioDataError, AudioDataModule, MissingAudioDataError
     from ripieno.datamodules.base import DataModuleError
+    from ripieno.datamodules.data_settings import LoaderSettings, SplitSettings
     from ripieno.datamodules.images import ImageDataError, ImageDataModule, MissingImageDataError
     from ripieno.datamodules.layer_embedding_config import BackboneConfig, FeatureCacheConfig, SelectionConfig
     from ripieno.datamodules.layer_embeddings import LayerEmbeddingDataModule
@@ -27,6 +28,8 @@ _EXPORTS = {
     "AudioDataModule": "ripieno.datamodules.audio",
     "MissingAudioDataError": "ripieno.datamodules.audio",
     "DataModuleError": "ripieno.datamodules.base",
+    "LoaderSettings": "ripieno.datamodules.data_settings",
+    "SplitSettings": "ripieno.datamodules.data_settings",
     "ImageDataError": "ripieno.datamodules.images",
     "ImageDataModule": "ripieno.datamodules.images",
     "MissingImageDataError": "ripieno.datamodules.images",
@@ -57,10 +60,12 @@ __all__ = [
     "ImageDataModule",
     "ImageSpec",
     "LayerEmbeddingDataModule",
+    "LoaderSettings",
     "MissingAudioDataError",
     "MissingImageDataError",
     "SOURCES",
     "SelectionConfig",
+    "SplitSettings",
     "TabularDataError",
     "TabularDataModule",
     "TeacherStudentDataModule",

@@ -43,7 +43,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -51,7 +51,8 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
 from ripieno.datamodules.base import BatchDataset, DataModuleError, SplitDataModule
-from ripieno.datamodules.hf_datasets import SplitPolicy, is_saved_dataset, load_hf_splits, resolve_splits
+from ripieno.datamodules.data_settings import MOVED_ARGUMENTS, LoaderSettings, SplitSettings
+from ripieno.datamodules.hf_datasets import is_saved_dataset, load_hf_splits, resolve_splits
 from ripieno.datamodules.splits import check_split_args, official_split_rows, seeded_splits
 from ripieno.datamodules.vision_backbone import (
     BUILD_HINT,
@@ -420,6 +421,10 @@ def load_feature_extractor(model_dir: str | Path | None) -> Any:  # noqa: ANN401
 
 
 # ------------------------------------------------------------------------ datamodule
+DEFAULT_SPLIT = SplitSettings(val_size=0.1, test_size=0.2)
+DEFAULT_LOADER = LoaderSettings(batch_size=32, eval_batch_size=64)
+
+
 class AudioDataModule(SplitDataModule):
     """Train/val/test spoken-word clips preprocessed by an audio backbone's feature extractor.
 
@@ -430,9 +435,9 @@ class AudioDataModule(SplitDataModule):
     ``return_attention_mask: false``, as wav2vec2-base's does). ``spec`` is a
     ``BackboneDataSpec`` (``modality="audio"``, ``sampling_rate`` set).
 
-    Splits: ``test_size`` of the clips go to a stratified test split (unless
+    Splits: ``split.test_size`` of the clips go to a stratified test split (unless
     ``test_dataset`` is set: then all its clips are the test split), ``max_train_rows``
-    caps the rest and ``val_size`` of it is validation; all seeded by ``split_seed``.
+    caps the rest and ``split.val_size`` of it is validation; all seeded by ``split.seed``.
 
     Args:
         dataset: ``spoken_digits``, ``asterisk_digits`` or ``folder`` (or ``None`` with ``root``).
@@ -459,17 +464,23 @@ class AudioDataModule(SplitDataModule):
         builder: ``audiofolder`` (with ``data_files``).
         audio_column: the ``Audio`` column of a ``datasets`` source.
         label_column: the label column of a ``datasets`` source (``ClassLabel`` or strings).
-        splits: ``official`` keeps a ``datasets`` source's ``train`` / ``validation`` / ``test``
-            (missing ones carved from train; ``max_train_rows`` caps train), ``resplit`` pools
-            them and draws all three.
-        val_size: fraction of the training pool held out for validation, in (0, 1).
-        test_size: fraction held out for testing (ignored with ``test_dataset``).
-        split_seed: seed of every split, the subset and the training order.
+        split: how the rows are split (``SplitSettings``: ``policy``, ``official`` or ``resplit``
+            for a ``datasets`` source; ``val_size``; ``test_size``; ``seed``, which also seeds the
+            training order); default ``SplitSettings(val_size=0.1, test_size=0.2)``.
+        loader: how the splits are served (``LoaderSettings``: ``batch_size``, ``eval_batch_size``
+            of validation, test and predict, ``num_workers``); default ``LoaderSettings(batch_size=32,
+            eval_batch_size=64)``.
         max_train_rows: optional cap on the training pool (train + validation).
-        batch_size: training batch size.
-        eval_batch_size: batch size for validation, test and predict.
-        num_workers: DataLoader workers.
+        **moved: the flat arguments of earlier releases (``batch_size=``, ``split_seed=``, ...): each
+            still works, with a ``RipienoDeprecationWarning`` naming its place in ``split`` or
+            ``loader``.
     """
+
+    #: This DataModule's defaults of the shared groups (``data_settings``).
+    DEFAULT_SPLIT: ClassVar[SplitSettings] = DEFAULT_SPLIT
+    DEFAULT_LOADER: ClassVar[LoaderSettings] = DEFAULT_LOADER
+    #: The flat arguments of earlier releases and their place in ``split`` or ``loader``.
+    MOVED_ARGUMENTS: ClassVar[dict[str, str]] = MOVED_ARGUMENTS
 
     def __init__(
         self,
@@ -487,17 +498,15 @@ class AudioDataModule(SplitDataModule):
         builder: Literal["audiofolder"] | None = None,
         audio_column: str = "audio",
         label_column: str = "label",
-        splits: SplitPolicy = "official",
-        val_size: float = 0.1,
-        test_size: float = 0.2,
-        split_seed: int = 0,
         max_train_rows: int | None = None,
-        batch_size: int = 32,
-        eval_batch_size: int = 64,
-        num_workers: int = 0,
+
+        split: SplitSettings = DEFAULT_SPLIT,
+        loader: LoaderSettings = DEFAULT_LOADER,
+        **moved: Any,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
+        self._take_settings(split, loader, moved, (self.DEFAULT_SPLIT, self.DEFAULT_LOADER))
         self._extractor: Any = None
 
     @property
@@ -541,7 +550,7 @@ class AudioDataModule(SplitDataModule):
 
     def _check_args(self) -> None:
         hp = self.hparams
-        check_split_args(hp, AudioDataError)
+        check_split_args(self.split_settings, self.loader_settings, hp, AudioDataError)
         if not self._is_hf_source():
             check_source_choice(hp.dataset, hp.root, list(SHIPPED), "audio", "root/<class>/*.wav.",
                                 AudioDataError)
@@ -571,7 +580,7 @@ class AudioDataModule(SplitDataModule):
         """Clips of a ``datasets`` source: ``(clips, class_names, official rows or None)``."""
         hp = self.hparams
         parts = load_hf_splits(hp.dataset, hp.data_files, hp.builder, error=AudioDataError)
-        mapped, carve = resolve_splits(parts, hp.splits, "AudioDataModule", AudioDataError)
+        mapped, carve = resolve_splits(parts, self.split_settings.policy, "AudioDataModule", AudioDataError)
         order = [name for name in ("train", "val", "test") if name in mapped]
         for name in order:
             missing = [c for c in (hp.audio_column, hp.label_column) if c not in mapped[name].column_names]
@@ -630,12 +639,13 @@ class AudioDataModule(SplitDataModule):
         labels = np.asarray([index[c] for _, c in clips], dtype=np.int64)
         waves = self._decode(clips)
         try:
-            test_size = None if hp.test_dataset else hp.test_size
+            cut = self.split_settings
+            test_size = None if hp.test_dataset else cut.test_size
             if official is not None:
-                rows = official_split_rows(labels, official, hp.val_size, test_size, hp.split_seed,
+                rows = official_split_rows(labels, official, cut.val_size, test_size, cut.seed,
                                            hp.max_train_rows, error=AudioDataError)
             else:
-                rows = seeded_splits(labels, hp.val_size, test_size, hp.split_seed, hp.max_train_rows,
+                rows = seeded_splits(labels, cut.val_size, test_size, cut.seed, hp.max_train_rows,
                                      error=AudioDataError)
         except AudioDataError as err:
             if name != "asterisk_digits":

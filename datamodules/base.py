@@ -10,7 +10,7 @@ split seed and the epoch (``EpochSeededRandomSampler``), so resumed runs match.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any
+from typing import Any, ClassVar
 
 import lightning as L
 import torch
@@ -19,6 +19,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset, Sampler
 from typing_extensions import override
 
+from ripieno.datamodules.data_settings import LoaderSettings, SplitSettings, plain, settings_with_moved
 from ripieno.framework.errors import RipienoInputError
 
 
@@ -82,14 +83,56 @@ class SplitDataModule(L.LightningDataModule, ABC):
     """Lazy, validated, seeded splits held in memory, described by ``spec``.
 
     Subclasses implement ``_prepare`` (enforced at instantiation; it sets ``self._spec`` and
-    ``self._splits`` with at least ``train``, ``val`` and ``test``) and keep ``split_seed``,
-    ``batch_size``, ``eval_batch_size`` and ``num_workers`` in their hyperparameters.
+    ``self._splits`` with at least ``train``, ``val`` and ``test``). The modality DataModules take
+    the ``split`` and ``loader`` groups (``data_settings``) through ``_take_settings``, with their own
+    ``DEFAULT_SPLIT`` and ``DEFAULT_LOADER``; a subclass without the groups keeps ``split_seed``,
+    ``batch_size``, ``eval_batch_size`` and ``num_workers`` in its hyperparameters, read as groups.
     """
+
+    #: The flat arguments of earlier releases and their place in ``split`` or ``loader`` (set by the
+    #: subclasses that take the groups; a recipe file's load regroups them, with a warning).
+    MOVED_ARGUMENTS: ClassVar[dict[str, str]] = {}
 
     def __init__(self) -> None:
         super().__init__()
         self._spec: Any = None
         self._splits: dict[str, Dataset] = {}
+        self._split_settings: SplitSettings | None = None
+        self._loader_settings: LoaderSettings | None = None
+
+    def _take_settings(
+        self,
+        split: SplitSettings | dict[str, Any] | None,
+        loader: LoaderSettings | dict[str, Any] | None,
+        moved: dict[str, Any],
+        defaults: tuple[SplitSettings, LoaderSettings],
+    ) -> None:
+        """Keep the ``split`` and ``loader`` groups (flat arguments of earlier releases folded in, warned).
+
+        ``hparams`` then hold each group as a dict of its fields, not the flat names, so a checkpoint
+        rebuilds the DataModule from its groups.
+        """
+        groups = settings_with_moved(type(self).__name__, {"split": split, "loader": loader},
+                                     {"split": defaults[0], "loader": defaults[1]}, moved)
+        self._split_settings, self._loader_settings = groups["split"], groups["loader"]
+        for name in moved:
+            self.hparams.pop(name, None)
+        self.hparams["split"], self.hparams["loader"] = plain(groups["split"]), plain(groups["loader"])
+
+    @property
+    def split_settings(self) -> SplitSettings:
+        """How the rows are split (``SplitSettings``)."""
+        if self._split_settings is not None:
+            return self._split_settings
+        return SplitSettings(seed=self.hparams.get("split_seed", 0))
+
+    @property
+    def loader_settings(self) -> LoaderSettings:
+        """How the splits are served (``LoaderSettings``)."""
+        if self._loader_settings is not None:
+            return self._loader_settings
+        hp = self.hparams
+        return LoaderSettings(hp.get("batch_size"), hp.get("eval_batch_size"), hp.get("num_workers", 0))
 
     @abstractmethod
     def _prepare(self) -> None:
@@ -112,23 +155,23 @@ class SplitDataModule(L.LightningDataModule, ABC):
     def train_dataloader(self) -> DataLoader:
         """Shuffled training batches (order seeded by ``split_seed`` and the epoch)."""
         data = self._split("train")
-        sampler = EpochSeededRandomSampler(len(data), seed=self.hparams.split_seed)
-        return self._loader(data, self.hparams.batch_size, sampler=sampler)
+        sampler = EpochSeededRandomSampler(len(data), seed=self.split_settings.seed)
+        return self._loader(data, self.loader_settings.batch_size, sampler=sampler)
 
     @override
     def val_dataloader(self) -> DataLoader:
         """Validation batches in a fixed order."""
-        return self._loader(self._split("val"), self.hparams.eval_batch_size)
+        return self._loader(self._split("val"), self.loader_settings.eval_batch_size)
 
     @override
     def test_dataloader(self) -> DataLoader | list[DataLoader]:
         """Test batches in a fixed order."""
-        return self._loader(self._split("test"), self.hparams.eval_batch_size)
+        return self._loader(self._split("test"), self.loader_settings.eval_batch_size)
 
     @override
     def predict_dataloader(self) -> DataLoader:
         """The test split, for ``predict``."""
-        return self._loader(self._split("test"), self.hparams.eval_batch_size)
+        return self._loader(self._split("test"), self.loader_settings.eval_batch_size)
 
     def input_fingerprint(self, split: str) -> str | None:
         """A cheap fingerprint of a split's raw inputs and preprocessing, or ``None``.
@@ -164,6 +207,6 @@ class SplitDataModule(L.LightningDataModule, ABC):
     def _loader(self, data: Dataset, batch_size: int, sampler: Sampler | None = None) -> DataLoader:
         return DataLoader(
             data, batch_size=batch_size, sampler=sampler, collate_fn=collate_batch,
-            num_workers=self.hparams.num_workers,
-            persistent_workers=self.hparams.num_workers > 0,
+            num_workers=self.loader_settings.num_workers,
+            persistent_workers=self.loader_settings.num_workers > 0,
         )

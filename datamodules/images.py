@@ -18,7 +18,7 @@ Sources (``SOURCES``), all offline:
   torchvision roots on local disk (``download=False``; nothing is fetched).
 
 Sources without an official test split (``mnist_5k``, ``digits``) have one carved off,
-stratified and seeded, with ``test_size``.
+stratified and seeded, with ``split.test_size``.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -39,6 +39,7 @@ from torch.utils.data import DataLoader
 from typing_extensions import override
 
 from ripieno.datamodules.base import BatchDataset, DataModuleError, SplitDataModule
+from ripieno.datamodules.data_settings import MOVED_ARGUMENTS, LoaderSettings, SplitSettings
 from ripieno.datamodules.splits import check_split_args, seeded_splits
 from ripieno.framework.extras import require
 from ripieno.framework.specs.image import ImageSpec
@@ -359,6 +360,10 @@ def _check_labels(y: np.ndarray, n_classes: int, where: str) -> None:
 
 
 # ------------------------------------------------------------------------ datamodule
+DEFAULT_SPLIT = SplitSettings(val_size=0.1, test_size=0.2)
+DEFAULT_LOADER = LoaderSettings(batch_size=128, eval_batch_size=1024)
+
+
 class ImageDataModule(SplitDataModule):
     """Train/val/test splits of an image data set, plus an optional OOD set.
 
@@ -370,9 +375,9 @@ class ImageDataModule(SplitDataModule):
     are ID only; ``ood_dataloader()`` gives the OOD loader alone (e.g. for
     ``trainer.predict(model, dm.ood_dataloader())``).
 
-    Splits: the validation set is ``val_size`` of the training pool, stratified and
-    seeded by ``split_seed``; sources without an official test split (``mnist_5k``,
-    ``digits``) first lose ``test_size`` of their rows to a stratified test split. The
+    Splits: the validation set is ``split.val_size`` of the training pool, stratified and
+    seeded by ``split.seed``; sources without an official test split (``mnist_5k``,
+    ``digits``) first lose ``split.test_size`` of their rows to a stratified test split. The
     OOD set is the OOD source's official test split, or all its images when it has none.
 
     Normalisation (``normalize=True``): per-channel mean and standard deviation of the
@@ -393,18 +398,25 @@ class ImageDataModule(SplitDataModule):
         builder: ``imagefolder`` (with ``data_files``).
         image_column: the ``Image`` column of a ``datasets`` source.
         label_column: the label column of a ``datasets`` source (``ClassLabel`` or strings).
-        splits: ``official`` keeps a ``datasets`` source's ``validation`` / ``test`` splits
-            (missing ones carved from train), ``resplit`` pools them and draws all three.
-        val_size: fraction of the training pool held out for validation, in (0, 1).
-        test_size: fraction held out for testing, only for sources without a test split.
-        split_seed: seed of every split, the subset and the training order.
+        split: how the rows are split (``SplitSettings``: ``policy``, ``official`` or ``resplit``
+            for a ``datasets`` source; ``val_size``; ``test_size``; ``seed``, which also seeds the
+            training order); default ``SplitSettings(val_size=0.1, test_size=0.2)``.
+        loader: how the splits are served (``LoaderSettings``: ``batch_size``, ``eval_batch_size``
+            of validation, test and predict, ``num_workers``); default ``LoaderSettings(batch_size=128,
+            eval_batch_size=1024)``.
         max_train_rows: optional cap on the training pool (train + validation), a
             seeded stratified subset for quick runs; the test split stays whole.
-        batch_size: training batch size.
-        eval_batch_size: batch size for validation, test, OOD and predict.
-        num_workers: DataLoader workers.
         normalize: standardise each channel with training-split statistics.
+        **moved: the flat arguments of earlier releases (``batch_size=``, ``split_seed=``, ...): each
+            still works, with a ``RipienoDeprecationWarning`` naming its place in ``split`` or
+            ``loader``.
     """
+
+    #: This DataModule's defaults of the shared groups (``data_settings``).
+    DEFAULT_SPLIT: ClassVar[SplitSettings] = DEFAULT_SPLIT
+    DEFAULT_LOADER: ClassVar[LoaderSettings] = DEFAULT_LOADER
+    #: The flat arguments of earlier releases and their place in ``split`` or ``loader``.
+    MOVED_ARGUMENTS: ClassVar[dict[str, str]] = MOVED_ARGUMENTS
 
     def __init__(
         self,
@@ -416,18 +428,16 @@ class ImageDataModule(SplitDataModule):
         builder: Literal["imagefolder"] | None = None,
         image_column: str = "image",
         label_column: str = "label",
-        splits: Literal["official", "resplit"] = "official",
-        val_size: float = 0.1,
-        test_size: float = 0.2,
-        split_seed: int = 0,
         max_train_rows: int | None = None,
-        batch_size: int = 128,
-        eval_batch_size: int = 1024,
-        num_workers: int = 0,
         normalize: bool = True,
+
+        split: SplitSettings = DEFAULT_SPLIT,
+        loader: LoaderSettings = DEFAULT_LOADER,
+        **moved: Any,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
+        self._take_settings(split, loader, moved, (self.DEFAULT_SPLIT, self.DEFAULT_LOADER))
 
     @property
     def spec(self) -> ImageSpec:
@@ -437,14 +447,14 @@ class ImageDataModule(SplitDataModule):
     @override
     def test_dataloader(self) -> DataLoader | list[DataLoader]:
         """ID test batches, or ``[id_test, ood]`` when an OOD source is set."""
-        id_test = self._loader(self._split("test"), self.hparams.eval_batch_size)
+        id_test = self._loader(self._split("test"), self.loader_settings.eval_batch_size)
         return id_test if self.hparams.ood_dataset is None else [id_test, self.ood_dataloader()]
 
     def ood_dataloader(self) -> DataLoader:
         """OOD batches (``y = -1``) in a fixed order."""
         if self.hparams.ood_dataset is None:
             raise ImageDataError("No OOD data: set data.ood_dataset (e.g. mnist_5k for fashion_mnist).")
-        return self._loader(self._split("ood"), self.hparams.eval_batch_size)
+        return self._loader(self._split("ood"), self.loader_settings.eval_batch_size)
 
     def split_sizes(self) -> dict[str, int]:
         """Images per split (``ood`` included when set)."""
@@ -467,7 +477,7 @@ class ImageDataModule(SplitDataModule):
                                      f" {sorted(SOURCES)}.")
         if hp.ood_dataset == hp.dataset:
             raise ImageDataError(f"ood_dataset must differ from dataset (both {hp.dataset!r}).")
-        check_split_args(hp, ImageDataError)
+        check_split_args(self.split_settings, self.loader_settings, hp, ImageDataError)
         if hp.ood_dataset is not None and not self._is_hf_source():
             id_shape, ood_shape = SOURCES[hp.dataset].shape, SOURCES[hp.ood_dataset].shape
             if id_shape != ood_shape:
@@ -488,11 +498,12 @@ class ImageDataModule(SplitDataModule):
         self._check_args()
         hf = self._is_hf_source()
         raw = (load_hf_images(hp.dataset, hp.data_files, hp.builder, hp.image_column, hp.label_column,
-                              hp.splits) if hf else load_source(hp.dataset, hp.root))
+                              self.split_settings.policy) if hf else load_source(hp.dataset, hp.root))
         n_classes = len(raw.class_names)
         official_test = raw.test_x is not None
-        rows = seeded_splits(raw.train_y, hp.val_size, None if official_test else hp.test_size,
-                             hp.split_seed, hp.max_train_rows, error=ImageDataError)
+        cut = self.split_settings
+        rows = seeded_splits(raw.train_y, cut.val_size, None if official_test else cut.test_size,
+                             cut.seed, hp.max_train_rows, error=ImageDataError)
         if raw.val_x is not None:  # an official validation split: every pool row trains
             rows["train"] = np.sort(np.concatenate([rows["train"], rows["val"]]))
         train_rows, val_rows = rows["train"], rows["val"]

@@ -17,39 +17,50 @@ import numpy as np
 from sklearn.model_selection import train_test_split
 
 from ripieno.datamodules.base import DataModuleError
+from ripieno.datamodules.data_settings import LoaderSettings, SplitSettings
 
 
 def check_split_args(
+    split: SplitSettings,
+    loader: LoaderSettings,
     hparams: Mapping[str, Any],
     error: type[DataModuleError],
-    positive: Sequence[str] = ("batch_size", "eval_batch_size"),
+    positive: Sequence[str] = (),
     cap: str = "max_train_rows",
     min_rows: int = 2,
 ) -> None:
-    """Validate the split, batch and worker hyperparameters of a datamodule.
+    """Validate the split and loader settings and the row cap of a datamodule.
 
     Args:
-        hparams: the datamodule's hyperparameters, with ``val_size``, ``test_size``,
-            ``num_workers``, ``cap`` and every name in ``positive``.
+        split: its ``split`` group.
+        loader: its ``loader`` group.
+        hparams: the datamodule's hyperparameters, with ``cap`` and every name in ``positive``.
         error: the datamodule's error type.
-        positive: the integers that must be at least 1 (batch sizes, lengths).
+        positive: its own integers that must be at least 1 (e.g. ``max_length``).
         cap: the optional row cap (``None`` = every row).
         min_rows: the smallest row cap the datamodule can split.
 
     Raises:
-        error: a size is not a fraction in (0, 1), a ``positive`` value is below 1, the
-            cap is below ``min_rows`` or ``num_workers`` is negative.
+        error: a size is not a fraction in (0, 1), a batch size or ``positive`` value is below 1,
+            the cap is below ``min_rows``, ``num_workers`` is negative or the policy is unknown.
     """
+    if split.policy not in ("official", "resplit"):
+        raise error(f"split.policy must be 'official' or 'resplit', got {split.policy!r}.")
     for key in ("val_size", "test_size"):
-        if not 0.0 < hparams[key] < 1.0:
-            raise error(f"{key} must be a fraction in (0, 1), got {hparams[key]}.")
+        value = getattr(split, key)
+        if not 0.0 < value < 1.0:
+            raise error(f"split.{key} must be a fraction in (0, 1), got {value}.")
+    for key in ("batch_size", "eval_batch_size"):
+        value = getattr(loader, key)
+        if value < 1:
+            raise error(f"loader.{key} must be a positive integer, got {value}.")
     for key in positive:
         if hparams[key] < 1:
             raise error(f"{key} must be a positive integer, got {hparams[key]}.")
     if hparams[cap] is not None and hparams[cap] < min_rows:
         raise error(f"{cap} must be at least {min_rows} (or null), got {hparams[cap]}.")
-    if hparams["num_workers"] < 0:
-        raise error(f"num_workers must be >= 0, got {hparams['num_workers']}.")
+    if loader.num_workers < 0:
+        raise error(f"loader.num_workers must be >= 0, got {loader.num_workers}.")
 
 
 def split_rows(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import codecs
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import pandas as pd
@@ -25,7 +25,8 @@ from ripieno.datamodules.base import (  # noqa: F401
     SplitDataModule,
     collate_batch,
 )
-from ripieno.datamodules.hf_datasets import SplitPolicy, is_saved_dataset, load_hf_splits, resolve_splits
+from ripieno.datamodules.data_settings import MOVED_ARGUMENTS, LoaderSettings, SplitSettings
+from ripieno.datamodules.hf_datasets import is_saved_dataset, load_hf_splits, resolve_splits
 from ripieno.datamodules.splits import check_split_args, split_rows
 from ripieno.datamodules.table_header import check_unique_columns, header_names
 from ripieno.datamodules.tabular_sources import SOURCES
@@ -80,6 +81,10 @@ class TabularTensorDataset(BatchDataset):
         return batch
 
 
+DEFAULT_SPLIT = SplitSettings(val_size=0.2, test_size=0.2)
+DEFAULT_LOADER = LoaderSettings(batch_size=256, eval_batch_size=2048)
+
+
 class TabularDataModule(SplitDataModule):
     """Train/val/test splits of one table for tabular ensembles, and new rows to predict.
 
@@ -122,16 +127,18 @@ class TabularDataModule(SplitDataModule):
         dataset: name of a shipped data set (ignored when ``path`` is given).
         path: a ``.csv``, ``.tsv`` or ``.parquet`` file of the user's own table (a file that
             cannot be read is a one-line error naming it and the fix), or a folder written by
-            ``datasets``' ``save_to_disk`` (its official splits are kept, see ``splits``).
+            ``datasets``' ``save_to_disk`` (its official splits are kept, see ``split.policy``).
         data_files: local files read with ``datasets.load_dataset(builder, data_files=...)``: a
             path, a list, or ``{split: paths}``.
         builder: ``csv``, ``json`` or ``parquet`` for ``data_files``.
         encoding: text encoding of CSV/TSV files (``path`` and ``predict_path``), e.g.
             ``latin-1`` or ``cp1252`` for files that are not UTF-8; Parquet ignores it.
-        splits: for a ``datasets`` source: ``official`` keeps its ``train`` / ``validation`` /
-            ``test`` (missing ones carved from train by ``split_seed``; ``max_rows`` caps train),
-            ``resplit`` pools them and draws all three (a message says so either way).
-            ``ClassLabel`` columns are read as their names.
+        split: how the rows are split (``SplitSettings``: ``policy``, ``official`` or ``resplit``
+            for a ``datasets`` source; ``val_size``; ``test_size``; ``seed``, which also seeds the
+            training order); default ``SplitSettings(val_size=0.2, test_size=0.2)``.
+        loader: how the splits are served (``LoaderSettings``: ``batch_size``, ``eval_batch_size``
+            of validation, test and predict, ``num_workers``); default ``LoaderSettings(batch_size=256,
+            eval_batch_size=2048)``.
         target: target column (defaults to the shipped data set's).
         categorical: categorical columns (defaults to the shipped data set's). For your own file,
             ``None`` takes its text, boolean and ``category`` columns (one line says which; a
@@ -152,19 +159,22 @@ class TabularDataModule(SplitDataModule):
         predict_path: a ``.csv``, ``.tsv`` or ``.parquet`` file of rows to predict.
         preprocessing_from: a checkpoint whose spec and fitted preprocessing to use (predict
             only; the training table is not read).
-        val_size: fraction of rows for validation.
-        test_size: fraction of rows for test.
-        split_seed: seed of the split and of the preprocessing noise.
         max_rows: optional cap on rows (a seeded random subset) for quick runs.
-        batch_size: training batch size.
-        eval_batch_size: batch size for val/test/predict.
-        num_workers: DataLoader workers.
         calibration_size: fraction of all rows held out of training for post-hoc calibration
             (``ConformalPrediction``'s default rows), carved from the training rows after the
-            validation and test splits, stratified by label, with ``split_seed``; ``0`` (the
+            validation and test splits, stratified by label, with ``split.seed``; ``0`` (the
             default) holds none. The validation rows, which early stopping has seen, are never
             taken for it. ``calibration_dataloader()`` serves them.
+        **moved: the flat arguments of earlier releases (``batch_size=``, ``split_seed=``, ...): each
+            still works, with a ``RipienoDeprecationWarning`` naming its place in ``split`` or
+            ``loader``.
     """
+
+    #: This DataModule's defaults of the shared groups (``data_settings``).
+    DEFAULT_SPLIT: ClassVar[SplitSettings] = DEFAULT_SPLIT
+    DEFAULT_LOADER: ClassVar[LoaderSettings] = DEFAULT_LOADER
+    #: The flat arguments of earlier releases and their place in ``split`` or ``loader``.
+    MOVED_ARGUMENTS: ClassVar[dict[str, str]] = MOVED_ARGUMENTS
 
     def __init__(
         self,
@@ -173,7 +183,6 @@ class TabularDataModule(SplitDataModule):
         data_files: str | list[str] | dict[str, Any] | None = None,
         builder: Literal["csv", "json", "parquet"] | None = None,
         encoding: str = "utf-8",
-        splits: SplitPolicy = "official",
         target: str | None = None,
         categorical: list[str] | None = None,
         drop: list[str] | None = None,
@@ -187,17 +196,16 @@ class TabularDataModule(SplitDataModule):
         id_column: str | None = None,
         predict_path: str | None = None,
         preprocessing_from: str | None = None,
-        val_size: float = 0.2,
-        test_size: float = 0.2,
-        split_seed: int = 0,
         max_rows: int | None = None,
-        batch_size: int = 256,
-        eval_batch_size: int = 2048,
-        num_workers: int = 0,
         calibration_size: float = 0.0,
+
+        split: SplitSettings = DEFAULT_SPLIT,
+        loader: LoaderSettings = DEFAULT_LOADER,
+        **moved: Any,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
+        self._take_settings(split, loader, moved, (self.DEFAULT_SPLIT, self.DEFAULT_LOADER))
         self._prediction_ids: tuple[str, list[Any]] | None = None
         self._official: np.ndarray | None = None
         self._table_splits: TableSplits | None = None
@@ -212,7 +220,8 @@ class TabularDataModule(SplitDataModule):
         """A ``datasets`` source as one frame; ``self._official`` gets each row's split (or ``None``)."""
         hp = self.hparams
         parts = load_hf_splits(hp.path or "", hp.data_files, hp.builder, error=TabularDataError)
-        mapped, carve = resolve_splits(parts, hp.splits, "TabularDataModule", TabularDataError)
+        policy = self.split_settings.policy
+        mapped, carve = resolve_splits(parts, policy, "TabularDataModule", TabularDataError)
         order = [name for name in ("train", "val", "test") if name in mapped]
         frames = []
         for name in order:
@@ -235,18 +244,19 @@ class TabularDataModule(SplitDataModule):
 
     def _official_indices(self, stratify: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Official splits' rows; the missing ones carved (seeded, stratified) from train."""
+        split = self.split_settings
         hp, split_of = self.hparams, self._official
         assert split_of is not None
         pool = np.flatnonzero(split_of == "train")
         if hp.max_rows is not None and hp.max_rows < len(pool):
-            pool = np.sort(np.random.default_rng(hp.split_seed).choice(pool, hp.max_rows, replace=False))
+            pool = np.sort(np.random.default_rng(split.seed).choice(pool, hp.max_rows, replace=False))
         test = np.flatnonzero(split_of == "test")
         if not len(test):
-            pool, test = split_rows(pool, stratify, hp.test_size, hp.split_seed, arg="test_size",
+            pool, test = split_rows(pool, stratify, split.test_size, split.seed, arg="test_size",
                                     cap="max_rows", error=TabularDataError)
         val = np.flatnonzero(split_of == "val")
         if not len(val):
-            pool, val = split_rows(pool, stratify, hp.val_size, hp.split_seed, arg="val_size", cap="max_rows",
+            pool, val = split_rows(pool, stratify, split.val_size, split.seed, arg="val_size", cap="max_rows",
                                    error=TabularDataError)
         return np.sort(pool), np.sort(val), np.sort(test)
 
@@ -292,16 +302,18 @@ class TabularDataModule(SplitDataModule):
         return found
 
     def _check_args(self) -> None:
+        split = self.split_settings
         hp = self.hparams
-        check_split_args(hp, TabularDataError, cap="max_rows", min_rows=3)
+        check_split_args(split, self.loader_settings, hp, TabularDataError, cap="max_rows", min_rows=3)
         calibration = hp.get("calibration_size", 0.0)
         if not 0.0 <= calibration < 1.0:
             raise TabularDataError(f"calibration_size must be a fraction in [0, 1) (0: no calibration rows),"
                                    f" got {calibration}.")
-        if hp.val_size + hp.test_size + calibration >= 1.0:
+        if split.val_size + split.test_size + calibration >= 1.0:
             held = " + calibration_size" if calibration else ""
-            raise TabularDataError(f"val_size + test_size{held} = {hp.val_size + hp.test_size + calibration}"
-                                   " leaves no training rows.")
+            total = split.val_size + split.test_size + calibration
+            raise TabularDataError(f"split.val_size + split.test_size{held} = {total} leaves no training"
+                                   " rows.")
         if hp.missing not in ("error", "impute"):
             raise TabularDataError(f"missing must be 'error' or 'impute', got {hp.missing!r}.")
         if hp.numeric_embedding not in ("ple", "none"):
@@ -333,7 +345,7 @@ class TabularDataModule(SplitDataModule):
         if hp.id_column is not None and hp.id_column == target:
             raise TabularDataError(f"id_column {hp.id_column!r} is the target; name another column.")
         if hp.max_rows is not None and hp.max_rows < len(frame) and self._official is None:
-            frame = frame.sample(n=hp.max_rows, random_state=hp.split_seed)
+            frame = frame.sample(n=hp.max_rows, random_state=self.split_settings.seed)
         row_ids = (frame[hp.id_column] if hp.id_column else pd.Series(frame.index)).tolist()
         frame = frame.reset_index(drop=True)
         excluded = {target, *categorical, *drop, *([hp.id_column] if hp.id_column else [])}
@@ -346,15 +358,16 @@ class TabularDataModule(SplitDataModule):
         if self._official is not None:
             train_idx, val_idx, test_idx = self._official_indices(stratify)
         else:
-            train_idx, val_idx, test_idx = _split_indices(len(frame), stratify, hp.val_size, hp.test_size,
-                                                          hp.split_seed)
+            cut = self.split_settings
+            train_idx, val_idx, test_idx = _split_indices(len(frame), stratify, cut.val_size, cut.test_size,
+                                                          cut.seed)
         train_idx, cal_idx = self._calibration_rows(train_idx, stratify, len(frame))
         if task != "regression":
             _check_labels_seen(y, train_idx, {"val": val_idx, "test": test_idx, "calibration": cal_idx},
                                class_names)
 
         preprocessor = TabularPreprocessor(numeric, categorical, hp.numeric_transform, hp.missing,
-                                           seed=hp.split_seed)
+                                           seed=self.split_settings.seed)
         try:
             preprocessor.fit(frame.iloc[train_idx])
             x_num, codes = preprocessor.transform(frame, what="table")
@@ -415,7 +428,7 @@ class TabularDataModule(SplitDataModule):
         if count < 1 or count >= len(train):
             raise TabularDataError(f"calibration_size={size} gives {count} of the {len(train)} training rows;"
                                    " use a fraction that leaves both sides rows (or more rows).")
-        return split_rows(train, stratify, count, self.hparams.split_seed, arg="calibration_size",
+        return split_rows(train, stratify, count, self.split_settings.seed, arg="calibration_size",
                           cap="max_rows", error=TabularDataError)
 
     @property
@@ -436,7 +449,7 @@ class TabularDataModule(SplitDataModule):
                                    " validation"
                                    " rows on purpose"
                                    " (ConformalPrediction(calibrate_on='val')).")
-        return self._loader(self._split("calibration"), self.hparams.eval_batch_size)
+        return self._loader(self._split("calibration"), self.loader_settings.eval_batch_size)
 
     def table_splits(self) -> TableSplits:
         """The prepared train/val/test rows before preprocessing, with encoded targets.
@@ -481,7 +494,7 @@ class TabularDataModule(SplitDataModule):
     def predict_dataloader(self) -> DataLoader:
         """The rows of ``predict_path`` in file order, else the test split."""
         name = "predict" if self.hparams.predict_path is not None else "test"
-        return self._loader(self._split(name), self.hparams.eval_batch_size)
+        return self._loader(self._split(name), self.loader_settings.eval_batch_size)
 
     def prediction_ids(self, indices: list[int]) -> tuple[str, list[Any]]:
         """The id column's name and the ids of predicted rows ``indices`` (dataset order)."""

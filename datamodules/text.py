@@ -43,7 +43,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import pandas as pd
@@ -51,6 +51,7 @@ import torch
 from torch import Tensor
 
 from ripieno.datamodules.base import BatchDataset, DataModuleError, SplitDataModule
+from ripieno.datamodules.data_settings import MOVED_ARGUMENTS, LoaderSettings, SplitSettings
 from ripieno.datamodules.hf_datasets import SplitPolicy, load_hf_splits, resolve_splits
 from ripieno.datamodules.splits import check_split_args, split_rows, stratified_subset
 from ripieno.datamodules.tabular import read_table
@@ -279,7 +280,7 @@ def load_hf_texts(source: str, text_column: str, label_column: str,
     Returns:
         ``(raw, official)``: all rows as one table, and the rows of each official split
         (``train`` and, when the source has them, ``val`` / ``test``), or ``None`` when the
-        splits are to be drawn by ``split_seed`` (one split only, or ``splits="resplit"``).
+        splits are to be drawn by ``split.seed`` (one split only, or ``splits="resplit"``).
         Class names are a ``ClassLabel``'s names, else the sorted labels of the training
         split; a label in another split that training never shows is an error.
     """
@@ -497,6 +498,10 @@ def tokenize(tokenizer: Any, texts: list[str], max_length: int) -> tuple[Tensor,
 
 
 # ------------------------------------------------------------------------ datamodule
+DEFAULT_SPLIT = SplitSettings(val_size=0.1, test_size=0.2)
+DEFAULT_LOADER = LoaderSettings(batch_size=64, eval_batch_size=512)
+
+
 class TextDataModule(SplitDataModule):
     """Train/val/test splits of a text classification data set, tokenised once in memory.
 
@@ -506,8 +511,8 @@ class TextDataModule(SplitDataModule):
     padding, rounded up to ``pad_to_multiple_of``) or always ``max_length``
     (``padding="max_length"``).
 
-    Splits: ``test_size`` of the rows go to test, then ``val_size`` of the rest to
-    validation, both stratified by label and seeded by ``split_seed``; ``max_rows``
+    Splits: ``split.test_size`` of the rows go to test, then ``split.val_size`` of the rest to
+    validation, both stratified by label and seeded by ``split.seed``; ``max_rows``
     first draws a seeded stratified subset of the whole table. A Hugging Face ``datasets``
     source (a ``save_to_disk`` folder, or ``data_files`` with a ``builder``) keeps its official
     splits unless ``splits="resplit"``.
@@ -524,10 +529,12 @@ class TextDataModule(SplitDataModule):
             path, a list, or ``{split: paths}`` (e.g. ``{train: a.jsonl, test: b.jsonl}``);
             ``dataset`` is then only a name for the run.
         builder: ``csv``, ``json`` or ``parquet`` for ``data_files``.
-        splits: for a ``datasets`` source with official splits: ``official`` keeps its
-            ``train`` / ``validation`` / ``test`` (missing ones are carved from train by
-            ``split_seed``; ``max_rows`` caps the train split), ``resplit`` pools them and
-            draws all three (a message says so either way).
+        split: how the rows are split (``SplitSettings``: ``policy``, ``official`` or ``resplit``
+            for a ``datasets`` source; ``val_size``; ``test_size``; ``seed``, which also seeds the
+            training order); default ``SplitSettings(val_size=0.1, test_size=0.2)``.
+        loader: how the splits are served (``LoaderSettings``: ``batch_size``, ``eval_batch_size``
+            of validation, test and predict, ``num_workers``); default ``LoaderSettings(batch_size=64,
+            eval_batch_size=512)``.
         tokenizer_dir: local tokenizer directory (``save_pretrained`` output), only ever
             read; required unless ``build_tokenizer``, and not given with it.
         build_tokenizer: train a byte-level BPE of ``vocab_size`` tokens on the training
@@ -538,14 +545,17 @@ class TextDataModule(SplitDataModule):
         padding: ``longest`` (each batch padded to its longest text) or ``max_length``.
         pad_to_multiple_of: with ``longest``, round ``L`` up to a multiple of this (e.g. 8
             for tensor cores); ``None`` for no rounding.
-        val_size: fraction of the non-test rows held out for validation, in (0, 1).
-        test_size: fraction of the rows held out for testing, in (0, 1).
-        split_seed: seed of every split, the subset and the training order.
         max_rows: optional cap on the rows used (seeded stratified subset).
-        batch_size: training batch size.
-        eval_batch_size: batch size for validation, test and predict.
-        num_workers: DataLoader workers.
+        **moved: the flat arguments of earlier releases (``batch_size=``, ``split_seed=``, ...): each
+            still works, with a ``RipienoDeprecationWarning`` naming its place in ``split`` or
+            ``loader``.
     """
+
+    #: This DataModule's defaults of the shared groups (``data_settings``).
+    DEFAULT_SPLIT: ClassVar[SplitSettings] = DEFAULT_SPLIT
+    DEFAULT_LOADER: ClassVar[LoaderSettings] = DEFAULT_LOADER
+    #: The flat arguments of earlier releases and their place in ``split`` or ``loader``.
+    MOVED_ARGUMENTS: ClassVar[dict[str, str]] = MOVED_ARGUMENTS
 
     def __init__(
         self,
@@ -555,23 +565,21 @@ class TextDataModule(SplitDataModule):
         encoding: str = "utf-8",
         data_files: str | list[str] | dict[str, Any] | None = None,
         builder: Literal["csv", "json", "parquet"] | None = None,
-        splits: SplitPolicy = "official",
         tokenizer_dir: str | None = None,
         build_tokenizer: bool = False,
         vocab_size: int = 2000,
         max_length: int = 64,
         padding: TextPadding = "longest",
         pad_to_multiple_of: int | None = None,
-        val_size: float = 0.1,
-        test_size: float = 0.2,
-        split_seed: int = 0,
         max_rows: int | None = None,
-        batch_size: int = 64,
-        eval_batch_size: int = 512,
-        num_workers: int = 0,
+
+        split: SplitSettings = DEFAULT_SPLIT,
+        loader: LoaderSettings = DEFAULT_LOADER,
+        **moved: Any,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
+        self._take_settings(split, loader, moved, (self.DEFAULT_SPLIT, self.DEFAULT_LOADER))
         self.tokenizer: Any = None
         if tokenizer_dir is not None and build_tokenizer:
             raise TextDataError(
@@ -611,8 +619,8 @@ class TextDataModule(SplitDataModule):
 
     def _check_args(self) -> None:
         hp = self.hparams
-        check_split_args(hp, TextDataError, positive=("batch_size", "eval_batch_size", "max_length"),
-                         cap="max_rows", min_rows=6)
+        check_split_args(self.split_settings, self.loader_settings, hp, TextDataError,
+                         positive=("max_length",), cap="max_rows", min_rows=6)
         if hp.padding not in TEXT_PADDINGS:
             raise TextDataError(f"padding must be one of {TEXT_PADDINGS}, got {hp.padding!r}.")
         if hp.pad_to_multiple_of is not None and int(hp.pad_to_multiple_of) < 1:
@@ -630,6 +638,7 @@ class TextDataModule(SplitDataModule):
             load_tokenizer(hp.tokenizer_dir)  # fail fast on a bad directory, before reading data
 
     def _prepare(self) -> None:
+        split = self.split_settings
         hp = self.hparams
         self._check_args()
         require("text", "transformers", "TextDataModule")  # before the data: the extra is the first fix
@@ -637,7 +646,7 @@ class TextDataModule(SplitDataModule):
         saved = hp.dataset not in SHIPPED and Path(hp.dataset).expanduser().is_dir()
         if hp.data_files is not None or saved:
             raw, official = load_hf_texts(hp.dataset, hp.text_column, hp.label_column, hp.data_files,
-                                          hp.builder, hp.splits)
+                                          hp.builder, split.policy)
         else:
             raw = load_texts(hp.dataset, hp.text_column, hp.label_column, hp.encoding)
         present = np.unique(raw.labels)
@@ -646,14 +655,14 @@ class TextDataModule(SplitDataModule):
             raise TextDataError(f"{hp.dataset!r} has a single label ({name!r}); classification needs at"
                                 f" least two (check data.label_column={hp.label_column!r}).")
         rows = np.arange(len(raw.labels)) if official is None else official["train"]
-        seed, cap = hp.split_seed, "max_rows"
+        seed, cap = split.seed, "max_rows"
         if hp.max_rows is not None and hp.max_rows < len(rows):
             rows = stratified_subset(rows, raw.labels, hp.max_rows, seed, cap=cap, error=TextDataError)
         official = official or {}
         pool, test_rows = (rows, official["test"]) if "test" in official else split_rows(
-            rows, raw.labels, hp.test_size, seed, arg="test_size", cap=cap, error=TextDataError)
+            rows, raw.labels, split.test_size, seed, arg="test_size", cap=cap, error=TextDataError)
         train_rows, val_rows = (pool, official["val"]) if "val" in official else split_rows(
-            pool, raw.labels, hp.val_size, seed, arg="val_size", cap=cap, error=TextDataError)
+            pool, raw.labels, split.val_size, seed, arg="val_size", cap=cap, error=TextDataError)
         rows_by_split = {"train": train_rows, "val": val_rows, "test": test_rows}
         split_texts = {name: [raw.texts[i] for i in r] for name, r in rows_by_split.items()}
 

@@ -19,7 +19,7 @@ Images come from the shipped sets of ``ripieno.datamodules.images`` (``fashion_m
 turned to RGB, or from an image folder ``root/<class>/**/*.png|jpg|...`` read with PIL.
 Images stay compact (``uint8`` arrays or file paths) and are preprocessed a batch at a
 time, so even full Fashion-MNIST at 224 pixels fits in memory. Splits are stratified
-and seeded by ``split_seed``, as in ``ImageDataModule``. Every file is opened and checked
+and seeded by ``split.seed``, as in ``ImageDataModule``. Every file is opened and checked
 when the data is prepared, so unreadable images fail before any model runs.
 """
 
@@ -31,7 +31,7 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -39,7 +39,8 @@ from PIL import Image
 from torch import Tensor
 
 from ripieno.datamodules.base import BatchDataset, DataModuleError, SplitDataModule
-from ripieno.datamodules.hf_datasets import SplitPolicy, is_saved_dataset, load_hf_splits, resolve_splits
+from ripieno.datamodules.data_settings import MOVED_ARGUMENTS, LoaderSettings, SplitSettings
+from ripieno.datamodules.hf_datasets import is_saved_dataset, load_hf_splits, resolve_splits
 from ripieno.datamodules.images import SOURCES as IMAGE_SOURCES
 from ripieno.datamodules.images import ImageDataError, MissingImageDataError, load_source
 from ripieno.datamodules.splits import check_split_args, official_split_rows, seeded_splits
@@ -314,6 +315,10 @@ class BackboneImageDataset(BatchDataset):
 
 
 # ------------------------------------------------------------------------ datamodule
+DEFAULT_SPLIT = SplitSettings(val_size=0.1, test_size=0.2)
+DEFAULT_LOADER = LoaderSettings(batch_size=32, eval_batch_size=64)
+
+
 class BackboneImageDataModule(SplitDataModule):
     """Train/val/test images preprocessed by a vision backbone's own processor.
 
@@ -321,10 +326,10 @@ class BackboneImageDataModule(SplitDataModule):
     is ``("pixel_values",)``. ``spec`` is a ``BackboneDataSpec``.
 
     Splits: sources with an official test split (``fashion_mnist``, torchvision roots)
-    keep it; the others (``mnist_5k``, ``digits``, image folders) first lose ``test_size``
+    keep it; the others (``mnist_5k``, ``digits``, image folders) first lose ``split.test_size``
     of their rows to a stratified test split. ``max_train_rows`` caps the rest (train +
-    validation, stratified), of which ``val_size`` is validation. All seeded by
-    ``split_seed``.
+    validation, stratified), of which ``split.val_size`` is validation. All seeded by
+    ``split.seed``.
 
     Args:
         dataset: a source of ``ripieno.datamodules.images.SOURCES`` (``fashion_mnist``,
@@ -341,18 +346,25 @@ class BackboneImageDataModule(SplitDataModule):
         builder: ``imagefolder`` (with ``data_files``).
         image_column: the ``Image`` column of a ``datasets`` source.
         label_column: the label column of a ``datasets`` source (``ClassLabel`` or strings).
-        splits: ``official`` keeps a ``datasets`` source's ``train`` / ``validation`` / ``test``
-            (missing ones carved from train), ``resplit`` pools them and draws all three.
-        val_size: fraction of the training pool held out for validation, in (0, 1).
-        test_size: fraction held out for testing, for sources without a test split.
-        split_seed: seed of every split, the subset and the training order.
+        split: how the rows are split (``SplitSettings``: ``policy``, ``official`` or ``resplit``
+            for a ``datasets`` source; ``val_size``; ``test_size``; ``seed``, which also seeds the
+            training order); default ``SplitSettings(val_size=0.1, test_size=0.2)``.
+        loader: how the splits are served (``LoaderSettings``: ``batch_size``, ``eval_batch_size``
+            of validation, test and predict, ``num_workers``); default ``LoaderSettings(batch_size=32,
+            eval_batch_size=64)``.
         max_train_rows: optional cap on the training pool (train + validation).
-        batch_size: training batch size.
-        eval_batch_size: batch size for validation, test and predict.
-        num_workers: DataLoader workers (preprocessing runs in them).
+        **moved: the flat arguments of earlier releases (``batch_size=``, ``split_seed=``, ...): each
+            still works, with a ``RipienoDeprecationWarning`` naming its place in ``split`` or
+            ``loader``.
     """
 
     input_keys: tuple[str, ...] = ("pixel_values",)
+
+    #: This DataModule's defaults of the shared groups (``data_settings``).
+    DEFAULT_SPLIT: ClassVar[SplitSettings] = DEFAULT_SPLIT
+    DEFAULT_LOADER: ClassVar[LoaderSettings] = DEFAULT_LOADER
+    #: The flat arguments of earlier releases and their place in ``split`` or ``loader``.
+    MOVED_ARGUMENTS: ClassVar[dict[str, str]] = MOVED_ARGUMENTS
 
     def __init__(
         self,
@@ -363,17 +375,15 @@ class BackboneImageDataModule(SplitDataModule):
         builder: Literal["imagefolder"] | None = None,
         image_column: str = "image",
         label_column: str = "label",
-        splits: SplitPolicy = "official",
-        val_size: float = 0.1,
-        test_size: float = 0.2,
-        split_seed: int = 0,
         max_train_rows: int | None = None,
-        batch_size: int = 32,
-        eval_batch_size: int = 64,
-        num_workers: int = 0,
+
+        split: SplitSettings = DEFAULT_SPLIT,
+        loader: LoaderSettings = DEFAULT_LOADER,
+        **moved: Any,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
+        self._take_settings(split, loader, moved, (self.DEFAULT_SPLIT, self.DEFAULT_LOADER))
         self._preprocessor: ImagePreprocessor | None = None
 
     @property
@@ -411,7 +421,8 @@ class BackboneImageDataModule(SplitDataModule):
         """A ``datasets`` source: ``({split: (images, labels)}, class_names, splits to carve)``."""
         hp = self.hparams
         parts = load_hf_splits(hp.dataset, hp.data_files, hp.builder, error=ImageDataError)
-        mapped, carve = resolve_splits(parts, hp.splits, "BackboneImageDataModule", ImageDataError)
+        policy = self.split_settings.policy
+        mapped, carve = resolve_splits(parts, policy, "BackboneImageDataModule", ImageDataError)
         import datasets
 
         out: dict[str, tuple[DatasetImages, np.ndarray]] = {}
@@ -437,7 +448,7 @@ class BackboneImageDataModule(SplitDataModule):
 
     def _check_args(self) -> None:
         hp = self.hparams
-        check_split_args(hp, ImageDataError)
+        check_split_args(self.split_settings, self.loader_settings, hp, ImageDataError)
         if not self._is_hf_source():
             check_source_choice(hp.dataset, hp.root, sorted(IMAGE_SOURCES), "image",
                                 "root/<class>/*.png|jpg.", ImageDataError)
@@ -446,7 +457,8 @@ class BackboneImageDataModule(SplitDataModule):
         hp = self.hparams
         self._check_args()
         preprocess = self.preprocessor
-        seed = hp.split_seed
+        cut = self.split_settings
+        seed = cut.seed
         if self._is_hf_source():
             hf_parts, class_names, _ = self._hf_parts()
             name = str(hp.dataset)
@@ -454,12 +466,12 @@ class BackboneImageDataModule(SplitDataModule):
             all_y = np.concatenate([hf_parts[split][1] for split in hf_parts])
             offsets = np.cumsum([0, *(len(hf_parts[split][1]) for split in hf_parts)])
             official = {split: np.arange(offsets[i], offsets[i + 1]) for i, split in enumerate(hf_parts)}
-            rows = official_split_rows(all_y, official, hp.val_size, hp.test_size, seed, hp.max_train_rows,
+            rows = official_split_rows(all_y, official, cut.val_size, cut.test_size, seed, hp.max_train_rows,
                                        error=ImageDataError)
             parts = {split: (DatasetImages([values[i] for i in r]), all_y[r]) for split, r in rows.items()}
         elif hp.dataset in (None, FOLDER):
             folder = scan_image_folder(hp.root)
-            rows = seeded_splits(folder.labels, hp.val_size, hp.test_size, seed, hp.max_train_rows,
+            rows = seeded_splits(folder.labels, cut.val_size, cut.test_size, seed, hp.max_train_rows,
                                  error=ImageDataError)
             class_names, name = folder.class_names, str(Path(hp.root).expanduser())
             parts = {split: (FileImages([folder.paths[i] for i in r]), folder.labels[r])
@@ -467,7 +479,7 @@ class BackboneImageDataModule(SplitDataModule):
         else:
             raw = load_source(hp.dataset, hp.root)
             official_test = raw.test_x is not None
-            rows = seeded_splits(raw.train_y, hp.val_size, None if official_test else hp.test_size, seed,
+            rows = seeded_splits(raw.train_y, cut.val_size, None if official_test else cut.test_size, seed,
                                  hp.max_train_rows, error=ImageDataError)
             class_names, name = list(raw.class_names), hp.dataset
             parts = {split: (ArrayImages(raw.train_x, r, raw.max_value), raw.train_y[r])

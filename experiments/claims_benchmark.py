@@ -221,7 +221,7 @@ TUNED_CI = """\
 name: tabular_tuned_ci
 protocol: tuned
 seeds: [0]
-data: {max_rows: 1000, split_seed: 0, missing: impute}
+data: {max_rows: 1000, split: {seed: 0}, missing: impute}
 datasets: [mlc_churn]
 tuning: {n_trials: 2, startup_trials: 2}
 common:

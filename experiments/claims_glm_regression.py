@@ -92,8 +92,8 @@ TABLES = ("concrete", "boston", "diabetes")
 MAP_EPOCHS = {"concrete": 1000, "boston": 1000, "diabetes": 100}
 NETWORK = ["--model.init_args.hidden=[150]", "--model.init_args.dropout=0.0", "--model.init_args.lr=0.01",
            "--model.init_args.weight_decay=1e-5", "--data.init_args.numeric_transform=standard",
-           "--data.init_args.numeric_embedding=none", "--data.init_args.batch_size=1000",
-           "--data.init_args.val_size=0.15", "--data.init_args.test_size=0.15"]
+           "--data.init_args.numeric_embedding=none", "--data.init_args.loader.batch_size=1000",
+           "--data.init_args.split.val_size=0.15", "--data.init_args.split.test_size=0.15"]
 INPUT_KEYS = ["x_num", "x_cat"]
 #: The paper's sampler settings (``uci_regression.py``, its concrete row of ``regression.ini``).
 REFERENCE = {"gamma": 0.01, "lr": 1e-2, "momentum": 0.9, "batch_size": 1000, "scale_left": 0.01,
@@ -376,7 +376,7 @@ def _run(budget: Budget, out: Path) -> list[dict[str, Any]]:
             epochs = map_epochs(table, budget)
             for seed in budget.seeds:
                 root = out / "runs" / f"{table}_seed{seed}"
-                overrides = [f"--data.init_args.dataset={table}", f"--data.init_args.split_seed={seed}",
+                overrides = [f"--data.init_args.dataset={table}", f"--data.init_args.split.seed={seed}",
                              f"--trainer.max_epochs={epochs}", f"--trainer.check_val_every_n_epoch={epochs}",
                              *NETWORK]
                 start = time.perf_counter()

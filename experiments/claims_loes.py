@@ -112,9 +112,9 @@ ENCODERS_FULL = Budget(seeds=(0, 1, 2), ks=(1, 2, 3), overrides={}, datasets=ENC
 #: split must hold every class (10 digits): 12 of 120 images, and 10 of 50 clips at val_size 0.2.
 ENCODERS_REDUCED = Budget(seeds=(0,), ks=(2,), datasets=ENCODER_DATASETS, georeg=False, overrides={
     "mnist_5k": ("data.init_args.source.init_args.max_train_rows=120",
-                 "data.init_args.source.init_args.test_size=0.02", "trainer.max_epochs=2"),
+                 "data.init_args.source.init_args.split.test_size=0.02", "trainer.max_epochs=2"),
     "spoken_digits": ("data.init_args.source.init_args.max_train_rows=50",
-                      "data.init_args.source.init_args.val_size=0.2", "trainer.max_epochs=2")})
+                      "data.init_args.source.init_args.split.val_size=0.2", "trainer.max_epochs=2")})
 _SMALL_BBC = ("data.init_args.source.init_args.max_rows=150", "data.init_args.source.init_args.max_length=64",
               "trainer.max_epochs=2")
 REDUCED = Budget(seeds=(0,), ks=(2,), overrides={

@@ -15,7 +15,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from ripieno.callbacks import ElasticAveraging, RoutingResampler
-from ripieno.datamodules import ImageDataModule
+from ripieno.datamodules import ImageDataModule, LoaderSettings
 from ripieno.framework import MCoverClassifier
 
 BATCHES, EPOCHS, PERIOD = 10, 2, 2
@@ -46,7 +46,8 @@ class _Probe(L.Callback):
 
 def _fit(tmp_path, accumulate, epochs=EPOCHS, ckpt_path=None, checkpoint=None):
     torch.manual_seed(0)
-    dm = ImageDataModule("digits", batch_size=8, max_train_rows=160)  # more than BATCHES batches
+    dm = ImageDataModule("digits", max_train_rows=160,
+                         loader=LoaderSettings(batch_size=8))  # more than BATCHES batches
     model = MCoverClassifier(dm.spec, m=3, hidden=[8], kernel="gaussian_ring", bank_size=4, lr=0.05)
     easgd = ElasticAveraging(alpha=0.1, period=PERIOD)
     resampler = RoutingResampler(every_n_steps=PERIOD, seed=3)

@@ -14,7 +14,7 @@ from transformers import (
     WhisperModel,
 )
 
-from ripieno.datamodules import LayerEmbeddingDataModule
+from ripieno.datamodules import LayerEmbeddingDataModule, LoaderSettings, SplitSettings
 from ripieno.datamodules.audio import AudioDataModule
 from ripieno.datamodules.layer_embedding_config import BackboneConfig, FeatureCacheConfig, SelectionConfig
 from ripieno.framework.backbones.loading import load_pretrained_backbone
@@ -55,8 +55,9 @@ def audio_root(tmp_path_factory):
 
 
 def _dm(root, folder):
-    return AudioDataModule(dataset="folder", root=str(root), model_dir=folder, val_size=0.25, test_size=0.34,
-                           batch_size=4)
+    return AudioDataModule(dataset="folder", root=str(root), model_dir=folder,
+                           split=SplitSettings(val_size=0.25, test_size=0.34),
+                           loader=LoaderSettings(batch_size=4))
 
 
 def test_group_norm_wav2vec2_gets_no_attention_mask_but_pools_with_it(tmp_path, audio_root):
@@ -108,8 +109,9 @@ def test_users_audio_folders_run_through_the_audio_loes_recipe(tmp_path, audio_r
     else:
         folder = _wav2vec2_folder(tmp_path / kind, "group")
     source = {"class_path": "ripieno.datamodules.AudioDataModule",
-              "init_args": {"dataset": "folder", "root": str(audio_root), "val_size": 0.25,
-                            "test_size": 0.34, "test_dataset": None}}  # merged into the recipe's source
+              "init_args": {"dataset": "folder", "root": str(audio_root),
+                            "split": {"val_size": 0.25, "test_size": 0.34},
+                            "test_dataset": None}}  # merged into the recipe's source
     main(["fit", "-c", RECIPE, "--trainer.fast_dev_run=2", f"--trainer.default_root_dir={tmp_path}",
           "--trainer.logger=false", "--trainer.enable_progress_bar=false",
           "--trainer.enable_model_summary=false", f"--data.init_args.source={json.dumps(source)}",

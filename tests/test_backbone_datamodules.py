@@ -16,6 +16,7 @@ import torchaudio.functional as AF
 from helpers.media import sine, write_audio_folder, write_image_folder
 from PIL import Image
 
+from ripieno.datamodules import LoaderSettings, SplitSettings
 from ripieno.datamodules.audio import (
     AudioDataError,
     AudioDataModule,
@@ -65,7 +66,7 @@ def test_shipped_digits_batches_run_dinov2(dinov2_dir):
     from transformers import AutoImageProcessor, AutoModel
 
     dm = BackboneImageDataModule(dataset="digits", model_dir=str(dinov2_dir), max_train_rows=100,
-                                 batch_size=8)
+                                 loader=LoaderSettings(batch_size=8))
     batch = next(iter(dm.train_dataloader()))
     assert set(batch) == {"pixel_values", "y"} and dm.input_keys == ("pixel_values",)
     assert batch["pixel_values"].shape == (8, 3, 28, 28) and batch["pixel_values"].dtype == torch.float32
@@ -99,8 +100,8 @@ def test_folder_with_timm_processor_matches_timm_transform(tmp_path, timm_dir):
     from timm.data import create_transform, resolve_model_data_config
 
     root = write_image_folder(tmp_path / "images")
-    dm = BackboneImageDataModule(root=str(root), model_dir=str(timm_dir), val_size=0.25, test_size=0.25,
-                                 batch_size=4)
+    dm = BackboneImageDataModule(root=str(root), model_dir=str(timm_dir), split=SplitSettings(val_size=0.25,
+                                 test_size=0.25), loader=LoaderSettings(batch_size=4))
     assert dm.preprocessor.kind == "timm" and dm.spec.class_names == ["cat", "dog", "eel"]
     val = dm._split("val")
     batch = next(iter(dm.val_dataloader()))
@@ -117,8 +118,8 @@ def test_folder_splits_are_seeded_stratified_and_disjoint(tmp_path, dinov2_dir):
     root = write_image_folder(tmp_path / "images", per_class=10)
 
     def splits(seed):
-        dm = BackboneImageDataModule(root=str(root), model_dir=str(dinov2_dir), val_size=0.2, test_size=0.3,
-                                     split_seed=seed)
+        dm = BackboneImageDataModule(root=str(root), model_dir=str(dinov2_dir),
+                                     split=SplitSettings(val_size=0.2, test_size=0.3, seed=seed))
         dm.setup()
         return {name: [str(p) for p in dm._split(name).images.paths] for name in ("train", "val", "test")}
 
@@ -176,8 +177,9 @@ def test_audio_folder_batches_match_feature_extractor_and_run_wav2vec2(tmp_path,
     from transformers import AutoModel, Wav2Vec2FeatureExtractor
 
     root = write_audio_folder(tmp_path / "audio")
-    dm = AudioDataModule(dataset="folder", root=str(root), model_dir=str(wav2vec2_dir), val_size=0.25,
-                         test_size=0.34, batch_size=4)
+    dm = AudioDataModule(dataset="folder", root=str(root), model_dir=str(wav2vec2_dir),
+                         split=SplitSettings(val_size=0.25, test_size=0.34),
+                         loader=LoaderSettings(batch_size=4))
     spec = dm.spec
     assert (spec.class_names, spec.sampling_rate, spec.modality) == (["high", "low"], 16000, "audio")
     assert (spec.n_train, spec.n_val, spec.n_test) == (6, 2, 4)
@@ -211,8 +213,8 @@ def test_audio_folder_batches_match_feature_extractor_and_run_wav2vec2(tmp_path,
 
     paths = {name: {str(p) for p in dm._split(name).paths} for name in ("train", "val", "test")}
     assert sum(map(len, paths.values())) == 12 == len(set().union(*paths.values()))
-    again = AudioDataModule(root=str(root), model_dir=str(wav2vec2_dir), dataset=None, val_size=0.25,
-                            test_size=0.34)
+    again = AudioDataModule(root=str(root), model_dir=str(wav2vec2_dir), dataset=None,
+                            split=SplitSettings(val_size=0.25, test_size=0.34))
     assert {name: {str(p) for p in again._split(name).paths} for name in paths} == paths
 
 
@@ -272,7 +274,7 @@ def test_asterisk_digits_as_real_test_set(tmp_path, wav2vec2_dir):
                                                                 "six", "seven", "eight", "nine"}
     dm = AudioDataModule(dataset="spoken_digits", test_dataset="asterisk_digits", model_dir=str(wav2vec2_dir),
                          cache_dir=str(tmp_path), words=["one", "two"], voices=["en-us+m3"],
-                         speeds=[120, 150, 180], pitches=[40, 60], val_size=0.34)
+                         speeds=[120, 150, 180], pitches=[40, 60], split=SplitSettings(val_size=0.34))
     with pytest.warns(UserWarning, match="dropped 10 clip"):
         spec = dm.spec
     assert (spec.n_train + spec.n_val, spec.n_test) == (12, 2)

@@ -345,3 +345,21 @@ def test_a_cell_fitted_again_after_its_failure_is_one_row_and_not_reported_faile
     results = pd.read_csv(out / "results.csv")
     assert len(results) == 2 and (results["state"] == "COMPLETE").all()
     assert "failed" not in (out / "report.md").read_text()
+
+
+def test_the_split_group_and_the_flat_split_seed_of_earlier_files_make_the_same_cells(tiny_benchmark):
+    """A store fitted from ``split_seed: 0`` resumes under ``split: {seed: 0}``: the same fingerprint."""
+    from ripieno.framework.errors import RipienoDeprecationWarning
+
+    data = {"max_rows": 400, "split": {"seed": 0}, "missing": "impute"}
+    grouped = load_benchmark(tiny_benchmark(data=data))
+    with pytest.warns(RipienoDeprecationWarning, match="data: split_seed is now split.seed"):
+        flat = load_benchmark(tiny_benchmark(data={"max_rows": 400, "split_seed": 0, "missing": "impute"}))
+    assert flat.data == grouped.data == {"max_rows": 400, "missing": "impute", "split": {"seed": 0}}
+    cell = cells.Cell("default", "mlc_churn", "xgboost", 0)
+    tables = {"mlc_churn": {"files": {}}}
+    fingerprint = cells.cell_fingerprint(grouped, cell, tables)
+    assert fingerprint == cells.cell_fingerprint(flat, cell, tables)
+    # what a store written before the groups recorded: the flat name
+    assert fingerprint["data"]["args"] == {"max_rows": 400, "missing": "impute", "split_seed": 0,
+                                           "dataset": "mlc_churn"}

@@ -38,7 +38,7 @@ def _run_recipe(root, name: str) -> pd.DataFrame:
     """text_gpt2_loes on 200 rows for 2 epochs; its metrics.csv (fit, then test of the best checkpoint)."""
     source = {"class_path": "ripieno.datamodules.TextDataModule",
               "init_args": {"dataset": "rotten_tomatoes", "max_length": 32, "build_tokenizer": True,
-                            "split_seed": 0, "max_rows": 200}}
+                            "split": {"seed": 0}, "max_rows": 200}}
     out = root / name
     main(["fit", "-c", "recipes/loes/text_gpt2_loes.yaml", f"--data.init_args.source={json.dumps(source)}",
           f"--data.init_args.cache.dir={root / 'cache'}", "--data.init_args.progress=false",

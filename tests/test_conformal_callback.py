@@ -19,7 +19,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from ripieno.callbacks import ConformalPrediction, MemberPredictionWriter
-from ripieno.datamodules import TabularDataModule
+from ripieno.datamodules import LoaderSettings, TabularDataModule
 from ripieno.framework import TabularEnsembleModule
 from ripieno.framework.uq.conformal import SplitConformal, winkler_score
 
@@ -27,8 +27,8 @@ ALPHA = 0.1
 
 
 def _data(table_csv, task: str, **kwargs) -> TabularDataModule:
-    return TabularDataModule(dataset=None, path=table_csv(task, n=400), target="y", batch_size=64,
-                             n_bins=8, **kwargs)
+    return TabularDataModule(dataset=None, path=table_csv(task, n=400), target="y", n_bins=8, **kwargs,
+                             loader=LoaderSettings(batch_size=64))
 
 
 def _trainer(tmp_path, callbacks, max_epochs: int = 3) -> L.Trainer:

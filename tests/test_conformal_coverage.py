@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from ripieno.datamodules import LoaderSettings
 from ripieno.datamodules.tabular_sources import SOURCES
 from ripieno.framework.methods.estimators import EnsembleClassifier, EnsembleRegressor
 from ripieno.framework.uq.conformal import SplitConformal
@@ -77,8 +78,8 @@ def test_a_lightning_module_on_a_shipped_table_covers_within_the_bounds(tmp_path
     from ripieno.framework import TabularEnsembleModule
 
     L.seed_everything(0)
-    data = TabularDataModule(dataset="penguins", calibration_size=0.3, batch_size=64, n_bins=8,
-                             missing="impute")
+    data = TabularDataModule(dataset="penguins", calibration_size=0.3, n_bins=8, missing="impute",
+                             loader=LoaderSettings(batch_size=64))
     data.setup("fit")
     model = TabularEnsembleModule(data.spec, k=4, d_block=16, n_blocks=1)
     trainer = L.Trainer(max_epochs=5, logger=False, enable_progress_bar=False, enable_model_summary=False,

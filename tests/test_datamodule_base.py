@@ -15,8 +15,10 @@ from ripieno.datamodules import (
     ImageDataError,
     ImageDataModule,
     LayerEmbeddingDataModule,
+    LoaderSettings,
     MissingAudioDataError,
     MissingImageDataError,
+    SplitSettings,
     TabularDataError,
     TabularDataModule,
     TeacherStudentDataModule,
@@ -24,6 +26,7 @@ from ripieno.datamodules import (
     TextDataModule,
 )
 from ripieno.datamodules.base import BatchDataset, SplitDataModule
+from ripieno.datamodules.data_settings import plain
 from ripieno.datamodules.images import ImageArrayDataset
 from ripieno.datamodules.layer_embedding_config import SelectionConfig
 from ripieno.datamodules.layer_embeddings import LayerFeatureDataset
@@ -84,18 +87,22 @@ def test_every_datamodule_error_is_a_datamodule_error(error: type[Exception]) ->
 
 
 @pytest.mark.parametrize("make, error, match", [
-    (lambda: TabularDataModule(dataset="iris", val_size=1.5).setup(), TabularDataError, "val_size must be"),
-    (lambda: TabularDataModule(dataset="iris", val_size=0.5, test_size=0.5).setup(), TabularDataError,
+    (lambda: TabularDataModule(dataset="iris", split=SplitSettings(val_size=1.5)).setup(), TabularDataError,
+     "split.val_size must be"),
+    (lambda: TabularDataModule(dataset="iris", split=SplitSettings(val_size=0.5,
+                               test_size=0.5)).setup(), TabularDataError,
      "leaves no training rows"),
     (lambda: TabularDataModule(dataset="iris", max_rows=2).setup(), TabularDataError,
      "max_rows must be at least 3"),
-    (lambda: ImageDataModule(dataset="digits", num_workers=-1).setup(), ImageDataError,
+    (lambda: ImageDataModule(dataset="digits", loader=LoaderSettings(num_workers=-1)).setup(), ImageDataError,
      "num_workers must be >= 0"),
     (lambda: TextDataModule(max_length=0, build_tokenizer=True).setup(), TextDataError,
      "max_length must be a positive integer"),
-    (lambda: BackboneImageDataModule(dataset="digits", test_size=0.0).setup(), ImageDataError,
+    (lambda: BackboneImageDataModule(dataset="digits",
+                                     split=SplitSettings(test_size=0.0)).setup(), ImageDataError,
      "test_size must be a fraction"),
-    (lambda: AudioDataModule(eval_batch_size=0).setup(), AudioDataError, "eval_batch_size must be a"),
+    (lambda: AudioDataModule(loader=LoaderSettings(eval_batch_size=0)).setup(), AudioDataError,
+     "eval_batch_size must be a"),
     (lambda: TeacherStudentDataModule(n_inputs=0), DataModuleError, "n_inputs must be >= 1"),
     (lambda: LayerEmbeddingDataModule(source=TextDataModule, selection=SelectionConfig(method="random")),
      DataModuleError, "Unknown selection method"),
@@ -168,15 +175,19 @@ def test_tabular_splits_are_sklearns_two_step_split() -> None:
 
 
 @pytest.mark.parametrize("changes, match", [
-    ({"val_size": 0.0}, r"val_size must be a fraction in \(0, 1\), got 0.0"),
-    ({"test_size": 1.0}, r"test_size must be a fraction in \(0, 1\), got 1.0"),
-    ({"batch_size": 0}, "batch_size must be a positive integer, got 0"),
-    ({"max_train_rows": 1}, r"max_train_rows must be at least 2 \(or null\), got 1"),
-    ({"num_workers": -2}, "num_workers must be >= 0, got -2"),
+    ({"split": {"val_size": 0.0}}, r"split.val_size must be a fraction in \(0, 1\), got 0.0"),
+    ({"split": {"test_size": 1.0}}, r"split.test_size must be a fraction in \(0, 1\), got 1.0"),
+    ({"split": {"policy": "random"}}, r"split.policy must be 'official' or 'resplit', got 'random'"),
+    ({"loader": {"batch_size": 0}}, "loader.batch_size must be a positive integer, got 0"),
+    ({"hparams": {"max_train_rows": 1}}, r"max_train_rows must be at least 2 \(or null\), got 1"),
+    ({"loader": {"num_workers": -2}}, "loader.num_workers must be >= 0, got -2"),
 ])
 def test_check_split_args_names_the_bad_argument(changes: dict, match: str) -> None:
-    hparams = {"val_size": 0.1, "test_size": 0.2, "batch_size": 8, "eval_batch_size": 8,
-               "max_train_rows": None, "num_workers": 0}
-    check_split_args(hparams, ImageDataError)
+    split = SplitSettings(val_size=0.1, test_size=0.2)
+    loader = LoaderSettings(batch_size=8, eval_batch_size=8)
+    hparams = {"max_train_rows": None}
+    check_split_args(split, loader, hparams, ImageDataError)
     with pytest.raises(ImageDataError, match=match):
-        check_split_args({**hparams, **changes}, ImageDataError)
+        check_split_args(SplitSettings(**{**plain(split), **changes.get("split", {})}),
+                         LoaderSettings(**{**plain(loader), **changes.get("loader", {})}),
+                         {**hparams, **changes.get("hparams", {})}, ImageDataError)

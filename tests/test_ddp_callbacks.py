@@ -7,7 +7,7 @@ from helpers.ddp import DestroyGlooAtExit
 from transformers import BertConfig, BertModel
 
 from ripieno.callbacks import ElasticAveraging, GeoReg, ReplicaCoupling, RoutingResampler
-from ripieno.datamodules import ImageDataModule, LayerEmbeddingDataModule, TextDataModule
+from ripieno.datamodules import ImageDataModule, LayerEmbeddingDataModule, LoaderSettings, TextDataModule
 from ripieno.datamodules.layer_embedding_config import BackboneConfig, FeatureCacheConfig, SelectionConfig
 from ripieno.framework import FusionClassifier, MCoverClassifier
 from ripieno.framework.backbones.loading import minilm_dir
@@ -56,7 +56,7 @@ def _ddp(tmp_path, callbacks, epochs=1):
 @pytest.mark.slow
 def test_replica_coupling_and_easgd_keep_ranks_identical(tmp_path):
     torch.manual_seed(0)
-    dm = ImageDataModule("digits", batch_size=32, max_train_rows=192)
+    dm = ImageDataModule("digits", max_train_rows=192, loader=LoaderSettings(batch_size=32))
     model = MCoverClassifier(dm.spec, m=3, hidden=[16], kernel="uniform", bank_size=4)
     easgd = ElasticAveraging(alpha=0.1)
     gather = _GatherState(tmp_path / "state.pt", {"weights": _copy_weights, "centre": _easgd_centre,

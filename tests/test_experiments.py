@@ -165,7 +165,7 @@ def test_diversity_sweep_failing_cell_raises(tmp_path):
     with pytest.raises(RuntimeError, match="rank=1, sigma_init=0.1"):
         diversity_sweep.main(["--recipe", RECIPE, "--ranks", "1", "--sigmas", "0.1",
                               "--max_epochs", "1", "--out", str(tmp_path), *TINY,
-                              "--override", "data.init_args.val_size=1.5"])
+                              "--override", "data.init_args.split.val_size=1.5"])
 
 
 def test_diversity_over_training_compares_adapters(tmp_path, capsys):

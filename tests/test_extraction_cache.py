@@ -16,7 +16,7 @@ from transformers import BertConfig, BertModel
 
 import ripieno.datamodules.layer_embeddings as layer_embeddings
 import ripieno.datamodules.text as text_module
-from ripieno.datamodules import LayerEmbeddingDataModule, TextDataModule
+from ripieno.datamodules import LayerEmbeddingDataModule, LoaderSettings, TextDataModule
 from ripieno.datamodules.layer_embedding_config import BackboneConfig, FeatureCacheConfig, SelectionConfig
 from ripieno.framework.backbones.loading import load_pretrained_backbone
 from ripieno.framework.loes.extraction import extract_layer_embeddings
@@ -38,7 +38,7 @@ def folders(tmp_path_factory):
 
 def _module(folders, cache, bucket_by_length=True):
     source = TextDataModule(max_rows=120, tokenizer_dir=str(folders / "tok"), max_length=64,
-                            eval_batch_size=16)
+                            loader=LoaderSettings(eval_batch_size=16))
     return LayerEmbeddingDataModule(
         source=source, backbone=BackboneConfig(dir=str(folders / "bert")),
         selection=SelectionConfig(method="all"),

@@ -15,7 +15,7 @@ import pytest
 import torch
 import yaml
 
-from ripieno.datamodules import TabularDataModule
+from ripieno.datamodules import LoaderSettings, TabularDataModule
 from ripieno.datamodules.tabular import spec_from_checkpoint
 from ripieno.datamodules.tabular_sources import SOURCES
 from ripieno.framework.cli import main
@@ -71,7 +71,7 @@ def trained(tmp_path_factory: pytest.TempPathFactory
             ) -> tuple[TabularEnsembleModule, TabularDataModule, Path]:
     """A LoMETab ensemble on churn rows (piecewise-linear bins), in memory and as a checkpoint."""
     folder = tmp_path_factory.mktemp("trained")
-    dm = TabularDataModule(dataset="mlc_churn", max_rows=500, n_bins=8, batch_size=64)
+    dm = TabularDataModule(dataset="mlc_churn", max_rows=500, n_bins=8, loader=LoaderSettings(batch_size=64))
     torch.manual_seed(0)
     model = TabularEnsembleModule(dm.spec, k=4, d_block=16)
     trainer = L.Trainer(max_epochs=1, limit_train_batches=3, logger=False, enable_checkpointing=False,

@@ -12,7 +12,7 @@ from torch import nn
 from torch.func import functional_call, jacrev
 
 from ripieno.callbacks import LaplaceGGN, LastLayerSampler, SamplerEvaluation
-from ripieno.datamodules import TabularDataModule
+from ripieno.datamodules import LoaderSettings, TabularDataModule
 from ripieno.framework import TabularEnsembleModule
 from ripieno.framework.nn import EnsembleLinear
 from ripieno.framework.uq import GLMPosteriorSampler, LastLayerLinearization, last_layer_closed_form
@@ -93,7 +93,7 @@ def _trainer(tmp_path, callback, epochs=3):
 
 def test_tabular_ensemble_regression_samples_are_member_predictions_in_target_units(tmp_path):
     torch.manual_seed(0)
-    dm = TabularDataModule("concrete", max_rows=300, batch_size=64)
+    dm = TabularDataModule("concrete", max_rows=300, loader=LoaderSettings(batch_size=64))
     model = TabularEnsembleModule(dm.spec, k=4, d_block=32, n_blocks=1, dropout=0.0)
     callback = LastLayerSampler(n_samples=3, posterior=LaplaceGGN(prior_precision=1.0),
                                 evaluation=SamplerEvaluation(input_key=["x_num", "x_cat"]))
@@ -126,7 +126,7 @@ def test_tabular_ensemble_regression_samples_are_member_predictions_in_target_un
 
 def test_tabular_ensemble_binary_posterior_keeps_the_ensemble_accuracy(tmp_path):
     torch.manual_seed(0)
-    dm = TabularDataModule("mlc_churn", max_rows=400, batch_size=64)
+    dm = TabularDataModule("mlc_churn", max_rows=400, loader=LoaderSettings(batch_size=64))
     model = TabularEnsembleModule(dm.spec, k=4, d_block=32, n_blocks=1, dropout=0.0)
     callback = LastLayerSampler(n_samples=4, posterior=LaplaceGGN(prior_precision=1e9),
                                 evaluation=SamplerEvaluation(input_key=["x_num", "x_cat"]))
@@ -144,7 +144,7 @@ def test_tabular_ensemble_binary_posterior_keeps_the_ensemble_accuracy(tmp_path)
 
 
 def test_member_heads_reject_evidence_selection(tmp_path):
-    dm = TabularDataModule("concrete", max_rows=200, batch_size=64)
+    dm = TabularDataModule("concrete", max_rows=200, loader=LoaderSettings(batch_size=64))
     model = TabularEnsembleModule(dm.spec, k=2, d_block=16, n_blocks=1)
     callback = LastLayerSampler(n_samples=2,
                                 posterior=LaplaceGGN(prior_precision_grid=[0.1, 1.0], selection="evidence"),

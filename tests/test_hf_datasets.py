@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from ripieno.datamodules import TextDataModule
+from ripieno.datamodules import LoaderSettings, SplitSettings, TextDataModule
 from ripieno.datamodules.hf_datasets import load_hf_splits, resolve_splits
 from ripieno.datamodules.text import TextDataError
 
@@ -51,7 +51,7 @@ def test_official_train_validation_test_are_kept(tmp_path, tokenizer_dir):
 
 def test_missing_validation_is_carved_from_train_only(tmp_path, tokenizer_dir):
     path, parts = _saved(tmp_path, ["train", "test"])
-    dm = _dm(path, tokenizer_dir, val_size=0.25)
+    dm = _dm(path, tokenizer_dir, split=SplitSettings(val_size=0.25))
     assert dm._splits["test"].texts == parts["test"]["text"]
     train, val = set(dm._splits["train"].texts), set(dm._splits["val"].texts)
     assert train | val == set(parts["train"]["text"]) and not train & val and len(val) == 10
@@ -59,7 +59,7 @@ def test_missing_validation_is_carved_from_train_only(tmp_path, tokenizer_dir):
 
 def test_resplit_pools_every_split(tmp_path, tokenizer_dir):
     path, _ = _saved(tmp_path, ["train", "validation", "test"])
-    dm = _dm(path, tokenizer_dir, splits="resplit", val_size=0.1, test_size=0.2)
+    dm = _dm(path, tokenizer_dir, split=SplitSettings(policy="resplit", val_size=0.1, test_size=0.2))
     assert sum(len(s) for s in dm._splits.values()) == 120 and len(dm._splits["test"]) == 24
 
 
@@ -117,7 +117,7 @@ def test_audiofolder_files_keep_their_splits_and_decode_with_soundfile(tmp_path)
     files = {"train": str(tmp_path / "clips" / "train" / "**" / "*.wav"),
              "test": str(tmp_path / "clips" / "test" / "**" / "*.wav")}
     dm = AudioDataModule(dataset="tones", data_files=files, builder="audiofolder",
-                         model_dir=_wav2vec2(tmp_path), val_size=0.25)
+                         model_dir=_wav2vec2(tmp_path), split=SplitSettings(val_size=0.25))
     dm.setup()
     assert dm.spec.class_names == ["high", "low"]
     test = dm._split("test")
@@ -147,8 +147,8 @@ def test_saved_audio_dataset_with_in_memory_clips(tmp_path):
     # Saved the way users' datasets are (an Audio column that decodes), built without torchcodec.
     features = datasets.Features({"audio": datasets.Audio(), "label": datasets.ClassLabel(names=["a", "b"])})
     datasets.Dataset.from_dict(rows).cast(features).save_to_disk(tmp_path / "saved")
-    dm = AudioDataModule(dataset=str(tmp_path / "saved"), model_dir=_wav2vec2(tmp_path), val_size=0.25,
-                         test_size=0.25)
+    dm = AudioDataModule(dataset=str(tmp_path / "saved"), model_dir=_wav2vec2(tmp_path),
+                         split=SplitSettings(val_size=0.25, test_size=0.25))
     dm.setup()
     assert dm.spec.class_names == ["a", "b"] and sum(dm.split_sizes().values()) == 24
     assert len(dm._split("train").waveform(0)) >= 1600
@@ -178,7 +178,7 @@ def test_tabular_saved_dataset_keeps_official_test_with_class_names(tmp_path):
         parts[name] = datasets.Dataset.from_pandas(frame, features=features, preserve_index=False)
     datasets.DatasetDict(parts).save_to_disk(tmp_path / "saved")
     dm = TabularDataModule(dataset=None, path=str(tmp_path / "saved"), target="y", categorical=["colour"],
-                           n_bins=4, val_size=0.25)
+                           n_bins=4, split=SplitSettings(val_size=0.25))
     dm.setup()
     assert dm.spec.class_names == ["no", "yes"] and dm.split_sizes() == {"train": 90, "val": 30, "test": 40}
     expected = torch.as_tensor(parts["test"]["y"])
@@ -197,8 +197,8 @@ def test_tabular_parquet_files_with_official_validation(tmp_path):
     dm.setup()
     assert dm.split_sizes() == {"train": 100, "val": 30, "test": 30}
     resplit = TabularDataModule(dataset=None, data_files=files, builder="parquet", target="y",
-                                categorical=["colour"], n_bins=4, splits="resplit", val_size=0.2,
-                                test_size=0.2)
+                                categorical=["colour"], n_bins=4, split=SplitSettings(policy="resplit",
+                                val_size=0.2, test_size=0.2))
     resplit.setup()
     assert resplit.split_sizes() == {"train": 96, "val": 32, "test": 32}
 
@@ -217,7 +217,7 @@ def test_imagefolder_files_and_saved_images_keep_official_splits(tmp_path):
     files = {"train": str(tmp_path / "imgs" / "train" / "**" / "*.*g"),
              "test": str(tmp_path / "imgs" / "test" / "**" / "*.*g")}
     dm = BackboneImageDataModule(dataset="pets", data_files=files, builder="imagefolder", model_dir=model_dir,
-                                 val_size=0.25, batch_size=4)
+                                 split=SplitSettings(val_size=0.25), loader=LoaderSettings(batch_size=4))
     dm.setup()
     assert dm.spec.class_names == ["cat", "dog", "eel"] and dm.split_sizes()["test"] == 9
     batch = dm._split("test").__getitems__([0, 1])
@@ -228,7 +228,8 @@ def test_imagefolder_files_and_saved_images_keep_official_splits(tmp_path):
     train = datasets.load_dataset("imagefolder", data_files={"train": files["train"]})["train"]
     parts = {"train": train.select(range(6, 24)), "validation": train.select(range(6))}
     datasets.DatasetDict(parts).save_to_disk(tmp_path / "saved")
-    saved = BackboneImageDataModule(dataset=str(tmp_path / "saved"), model_dir=model_dir, test_size=0.25)
+    saved = BackboneImageDataModule(dataset=str(tmp_path / "saved"), model_dir=model_dir,
+                                    split=SplitSettings(test_size=0.25))
     saved.setup()
     assert saved.split_sizes() == {"train": 14, "val": 6, "test": 4}  # stratified per class
 
@@ -248,7 +249,8 @@ def test_uq_image_module_reads_an_imagefolder_with_official_test(tmp_path):
                 Image.fromarray(rng.integers(0, 256, (12, 10), dtype=np.uint8)).save(
                     tmp_path / "px" / split / name / f"{i}.png")
     files = {s: str(tmp_path / "px" / s / "**" / "*.png") for s in ("train", "test")}
-    dm = ImageDataModule(dataset="pixels", data_files=files, builder="imagefolder", val_size=0.25)
+    dm = ImageDataModule(dataset="pixels", data_files=files, builder="imagefolder",
+                         split=SplitSettings(val_size=0.25))
     dm.setup()
     assert dm.spec.image_shape == (1, 12, 10) and dm.spec.class_names == ["cat", "dog"]
     assert dm.split_sizes() == {"train": 15, "val": 5, "test": 8}

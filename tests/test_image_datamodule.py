@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from ripieno.datamodules import LoaderSettings, SplitSettings
 from ripieno.datamodules.images import (
     FASHION_MNIST_DEBIAN_ROOT,
     ImageDataError,
@@ -81,7 +82,7 @@ def all_batches(loader) -> dict[str, torch.Tensor]:
 @pytest.mark.parametrize(("name", "shape", "total"),
                          [("digits", (1, 8, 8), 1797), ("mnist_5k", (1, 28, 28), 5000)])
 def test_packaged_sources_shapes_and_classes(name, shape, total):
-    dm = ImageDataModule(dataset=name, batch_size=32)
+    dm = ImageDataModule(dataset=name, loader=LoaderSettings(batch_size=32))
     spec = dm.spec
     assert spec.image_shape == shape and spec.in_channels == 1
     assert spec.n_classes == 10 and spec.class_names == [str(d) for d in range(10)]
@@ -94,28 +95,28 @@ def test_packaged_sources_shapes_and_classes(name, shape, total):
 
 
 def test_splits_are_stratified_and_seeded():
-    dm = ImageDataModule(dataset="mnist_5k", val_size=0.1, test_size=0.2, split_seed=1)
+    dm = ImageDataModule(dataset="mnist_5k", split=SplitSettings(val_size=0.1, test_size=0.2, seed=1))
     # 500 per class: 100 to test, then 40 of the remaining 400 to validation.
     assert np.bincount(dm._split("test").labels.numpy()).tolist() == [100] * 10
     assert np.bincount(dm._split("val").labels.numpy()).tolist() == [40] * 10
     assert np.bincount(dm._split("train").labels.numpy()).tolist() == [360] * 10
-    again = ImageDataModule(dataset="mnist_5k", val_size=0.1, test_size=0.2, split_seed=1)
-    other = ImageDataModule(dataset="mnist_5k", val_size=0.1, test_size=0.2, split_seed=2)
+    again = ImageDataModule(dataset="mnist_5k", split=SplitSettings(val_size=0.1, test_size=0.2, seed=1))
+    other = ImageDataModule(dataset="mnist_5k", split=SplitSettings(val_size=0.1, test_size=0.2, seed=2))
     for split in ("train", "val", "test"):
         assert torch.equal(dm._split(split).images, again._split(split).images)
         assert not torch.equal(dm._split(split).images, other._split(split).images)
 
 
 def test_max_train_rows_is_a_stratified_subset_of_the_training_pool():
-    dm = ImageDataModule(dataset="mnist_5k", max_train_rows=200, val_size=0.2)
+    dm = ImageDataModule(dataset="mnist_5k", max_train_rows=200, split=SplitSettings(val_size=0.2))
     assert dm.spec.n_train + dm.spec.n_val == 200 and dm.spec.n_test == 1000
     assert np.bincount(dm._split("train").labels.numpy()).tolist() == [16] * 10
     with pytest.raises(ImageDataError, match="fewer than the 10 classes"):
-        ImageDataModule(dataset="mnist_5k", max_train_rows=30, val_size=0.1).setup()
+        ImageDataModule(dataset="mnist_5k", max_train_rows=30, split=SplitSettings(val_size=0.1)).setup()
 
 
 def test_normalize_uses_training_statistics_only():
-    dm = ImageDataModule(dataset="digits", normalize=True, val_size=0.3)
+    dm = ImageDataModule(dataset="digits", normalize=True, split=SplitSettings(val_size=0.3))
     train = dm._split("train").images.numpy() / 16.0
     val_images = dm._split("val").images.numpy() / 16.0
     mean, std = train.mean(), train.std()
@@ -124,14 +125,14 @@ def test_normalize_uses_training_statistics_only():
     assert abs(pooled.mean() - mean) > 1e-4  # the statistics really exclude validation rows
     val = all_batches(dm.val_dataloader())
     assert np.allclose(val["x"].numpy(), (val_images - mean) / std, atol=1e-5)
-    raw = ImageDataModule(dataset="digits", normalize=False, val_size=0.3)
+    raw = ImageDataModule(dataset="digits", normalize=False, split=SplitSettings(val_size=0.3))
     assert raw.spec.mean is None
     x = all_batches(raw.val_dataloader())["x"]
     assert np.allclose(x.numpy(), val_images, atol=1e-7) and x.min() >= 0 and x.max() <= 1
 
 
 def test_train_order_depends_on_seed_and_epoch_only():
-    dm = ImageDataModule(dataset="digits", batch_size=64)
+    dm = ImageDataModule(dataset="digits", loader=LoaderSettings(batch_size=64))
     loader = dm.train_dataloader()
     first = next(iter(loader))["y"]
     assert torch.equal(first, next(iter(dm.train_dataloader()))["y"])
@@ -164,7 +165,7 @@ def test_fashion_mnist_reads_the_debian_idx_files():
     assert np.array_equal(raw.train_x[:5, 0], train_images[:5])
     assert np.array_equal(raw.train_y[:5], train_labels[:5])
 
-    dm = ImageDataModule(dataset="fashion_mnist", normalize=False, eval_batch_size=5)
+    dm = ImageDataModule(dataset="fashion_mnist", normalize=False, loader=LoaderSettings(eval_batch_size=5))
     assert dm.spec.n_classes == 10 and dm.spec.class_names[0] == "T-shirt/top"
     assert (dm.spec.n_train, dm.spec.n_val, dm.spec.n_test) == (54000, 6000, 10000)
     batch = next(iter(dm.test_dataloader()))  # the official test split, in file order
@@ -175,7 +176,8 @@ def test_fashion_mnist_reads_the_debian_idx_files():
 def test_fashion_mnist_from_a_torchvision_root(tmp_path):
     arrays = write_fashion_raw(tmp_path)
     for name in ("fashion_mnist", "fashion_mnist_torchvision"):
-        dm = ImageDataModule(dataset=name, root=str(tmp_path), val_size=0.25, normalize=False)
+        dm = ImageDataModule(dataset=name, root=str(tmp_path), normalize=False,
+                             split=SplitSettings(val_size=0.25))
         assert (dm.spec.n_train, dm.spec.n_val, dm.spec.n_test) == (30, 10, 10)
         test = all_batches(dm.test_dataloader())
         assert torch.equal((test["x"][:, 0] * 255).round().to(torch.uint8),
@@ -186,7 +188,8 @@ def test_fashion_mnist_from_a_torchvision_root(tmp_path):
 # -------------------------------------------------------------------------------- CIFAR
 def test_cifar10_pickle_layout_loads_through_torchvision(tmp_path):
     batches = write_cifar10(tmp_path)
-    dm = ImageDataModule(dataset="cifar10", root=str(tmp_path), val_size=0.5, normalize=False, batch_size=4)
+    dm = ImageDataModule(dataset="cifar10", root=str(tmp_path), normalize=False,
+                         split=SplitSettings(val_size=0.5), loader=LoaderSettings(batch_size=4))
     with pytest.warns(UserWarning, match="found 2 of the 5 standard training batches"):
         spec = dm.spec
     assert spec.image_shape == (3, 32, 32) and spec.class_names == CIFAR10_NAMES
@@ -203,7 +206,7 @@ def test_cifar10_with_cifar100_as_ood(tmp_path):
     write_cifar100(tmp_path)
     with pytest.warns(UserWarning, match="2 of the 5"):
         dm = ImageDataModule(dataset="cifar10", root=str(tmp_path), ood_dataset="cifar100",
-                             ood_root=str(tmp_path), val_size=0.5)
+                             ood_root=str(tmp_path), split=SplitSettings(val_size=0.5))
         assert dm.spec.ood_dataset == "cifar100" and dm.spec.n_ood == 30
     ood = all_batches(dm.ood_dataloader())
     assert ood["x"].shape == (30, 3, 32, 32) and (ood["y"] == -1).all()
@@ -222,7 +225,7 @@ def test_ood_pairing_fashion_mnist_with_mnist_5k():
     if not Path(FASHION_MNIST_DEBIAN_ROOT).is_dir():
         pytest.skip(f"{FASHION_MNIST_DEBIAN_ROOT} is absent: run `apt-get install dataset-fashion-mnist`")
     dm = ImageDataModule(dataset="fashion_mnist", ood_dataset="mnist_5k", max_train_rows=1000,
-                         eval_batch_size=500)
+                         loader=LoaderSettings(eval_batch_size=500))
     assert dm.spec.n_ood == 5000 and dm.spec.n_train + dm.spec.n_val == 1000
     loaders = dm.test_dataloader()
     assert isinstance(loaders, list) and len(loaders) == 2
@@ -248,7 +251,7 @@ def test_lightning_test_loop_runs_id_and_ood_with_dataloader_idx(tmp_path):
             return self.layer(batch["x"].flatten(1)).sum()
 
     dm = ImageDataModule(dataset="mnist_5k", ood_dataset="fashion_mnist", ood_root=str(tmp_path),
-                         eval_batch_size=64)
+                         loader=LoaderSettings(eval_batch_size=64))
     model = Probe()
     trainer = L.Trainer(accelerator="cpu", logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, limit_test_batches=2)

@@ -27,7 +27,7 @@ from ripieno.framework.cli.optimizer_config import (
 )
 from ripieno.framework.methods.schedules import ScheduleError, WarmupCosineLR, WarmupLinearLR
 
-SMALL = ["--data.init_args.max_rows=300", "--data.init_args.batch_size=32", "--model.init_args.k=2",
+SMALL = ["--data.init_args.max_rows=300", "--data.init_args.loader.batch_size=32", "--model.init_args.k=2",
          "--model.init_args.d_block=16", "--trainer.max_epochs=2", "--trainer.log_every_n_steps=1",
          "--test_after_fit=false", "--trainer.enable_progress_bar=false",
          "--trainer.enable_model_summary=false"]

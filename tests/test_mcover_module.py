@@ -7,13 +7,13 @@ from helpers.ddp import DestroyGlooAtExit
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from ripieno.callbacks import DiversityMonitor, ElasticAveraging, ReplicaCoupling, RoutingResampler
-from ripieno.datamodules import ImageDataModule
+from ripieno.datamodules import ImageDataModule, LoaderSettings
 from ripieno.framework import MCoverClassifier
 from ripieno.framework.mcover import PermutationBank, make_kernel
 
 
 def _data(**kw):
-    return ImageDataModule("digits", batch_size=64, max_train_rows=256, **kw)
+    return ImageDataModule("digits", max_train_rows=256, **kw, loader=LoaderSettings(batch_size=64))
 
 
 def _model(dm, **kw):

@@ -7,7 +7,7 @@ import pytest
 import torch
 from helpers.media import write_image_folder
 
-from ripieno.datamodules import LayerEmbeddingDataModule
+from ripieno.datamodules import LayerEmbeddingDataModule, LoaderSettings, SplitSettings
 from ripieno.datamodules.base import DataModuleError
 from ripieno.datamodules.layer_embedding_config import BackboneConfig, FeatureCacheConfig, SelectionConfig
 from ripieno.datamodules.vision_backbone import BackboneImageDataModule
@@ -25,8 +25,9 @@ def images(tmp_path_factory):
 def _dm(images, tmp_path, backbone=None, finetune_backbone=False, **selection):
     """EfficientNet-Lite0, converted once into the session's cache folder (``convert_backbone``)."""
     # a factory: the module builds the source with the converted folder's preprocessing (model_dir)
-    source = partial(BackboneImageDataModule, dataset="folder", root=str(images), val_size=0.25,
-                     test_size=0.25, eval_batch_size=8)
+    source = partial(BackboneImageDataModule, dataset="folder", root=str(images),
+                     split=SplitSettings(val_size=0.25, test_size=0.25),
+                     loader=LoaderSettings(eval_batch_size=8))
     return LayerEmbeddingDataModule(
         source=source,
         backbone=BackboneConfig(convert="efficientnet_lite0", pooling="mean", **(backbone or {})),
@@ -86,7 +87,7 @@ def test_a_users_module_with_named_layers(images, tmp_path):
 
     def module_dm(**kwargs):
         source = BackboneImageDataModule(dataset="folder", root=str(images), model_dir=str(processor_dir),
-                                         val_size=0.25, test_size=0.25)
+                                         split=SplitSettings(val_size=0.25, test_size=0.25))
         return LayerEmbeddingDataModule(
             source=source, backbone=BackboneConfig(module=net, layer_names=["1", "3", "5"], pooling="mean"),
             selection=SelectionConfig(method="all", calibration_rows=None),
@@ -118,7 +119,8 @@ def test_ddp_spawn_runs_the_backbone_once(images, tmp_path):
                                        num_heads=2)
     log = tmp_path / "forwards.txt"
     source = BackboneImageDataModule(dataset="folder", root=str(images), model_dir=str(processor_dir),
-                                     val_size=0.25, test_size=0.25, eval_batch_size=8)
+                                     split=SplitSettings(val_size=0.25, test_size=0.25),
+                                     loader=LoaderSettings(eval_batch_size=8))
     dm = LayerEmbeddingDataModule(
         source=source, backbone=BackboneConfig(module=CountingCNN(str(log)), layer_names=["body.1", "body.3"],
                                                pooling="mean"),

@@ -5,13 +5,13 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from ripieno.callbacks import DiversityMonitor
-from ripieno.datamodules import TabularDataModule
+from ripieno.datamodules import LoaderSettings, TabularDataModule
 from ripieno.framework import TabularEnsembleModule
 
 
 def _run(tmp_path, max_epochs, ckpt_path=None):
     L.seed_everything(0)
-    dm = TabularDataModule("mlc_churn", max_rows=500, n_bins=8, batch_size=64)
+    dm = TabularDataModule("mlc_churn", max_rows=500, n_bins=8, loader=LoaderSettings(batch_size=64))
     model = TabularEnsembleModule(dm.spec, k=4, d_block=32, dropout=0.2, adapter="lometab")
     monitor = DiversityMonitor()
     checkpoint = ModelCheckpoint(dirpath=tmp_path, save_last=True)

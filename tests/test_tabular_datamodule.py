@@ -7,7 +7,7 @@ import torch
 from helpers.tables import make_table
 from sklearn.preprocessing import QuantileTransformer
 
-from ripieno.datamodules import TabularDataError, TabularDataModule
+from ripieno.datamodules import SplitSettings, TabularDataError, TabularDataModule
 
 
 def _dm(path, **kwargs):
@@ -18,7 +18,7 @@ def _dm(path, **kwargs):
 
 
 def test_csv_regression_spec_and_split_sizes(table_csv):
-    dm = _dm(table_csv("regression", n=200), val_size=0.2, test_size=0.25)
+    dm = _dm(table_csv("regression", n=200), split=SplitSettings(val_size=0.2, test_size=0.25))
     spec = dm.spec
     assert spec.task == "regression"
     assert spec.num_feature_names == ["x1", "x2", "count"]
@@ -29,11 +29,11 @@ def test_csv_regression_spec_and_split_sizes(table_csv):
 
 def test_split_is_reproducible_by_seed_and_changes_with_it(table_csv):
     path = table_csv("binary")
-    y_a = _dm(path, split_seed=1)._split("test").y
-    y_b = _dm(path, split_seed=1)._split("test").y
-    x_c = _dm(path, split_seed=2)._split("test").x_num
+    y_a = _dm(path, split=SplitSettings(seed=1))._split("test").y
+    y_b = _dm(path, split=SplitSettings(seed=1))._split("test").y
+    x_c = _dm(path, split=SplitSettings(seed=2))._split("test").x_num
     assert torch.equal(y_a, y_b)
-    assert not torch.equal(_dm(path, split_seed=1)._split("test").x_num, x_c)
+    assert not torch.equal(_dm(path, split=SplitSettings(seed=1))._split("test").x_num, x_c)
 
 
 def test_numeric_preprocessing_is_fit_on_train_only(table_csv):
@@ -74,7 +74,7 @@ def test_unseen_category_uses_unknown_code_and_warns(tmp_path):
     path = tmp_path / "t.csv"
     frame.to_csv(path, index=False)
     with pytest.warns(UserWarning, match="unseen in training"):
-        dm = _dm(str(path), split_seed=0)
+        dm = _dm(str(path), split=SplitSettings(seed=0))
         dm.setup()
     codes = torch.cat([dm._split(s).x_cat[:, 0] for s in ("train", "val", "test")])
     if (codes == 3).any():  # "violet" landed in val/test: it has the unknown code 3
@@ -145,7 +145,7 @@ def test_error_missing_target_column(table_csv):
 
 def test_error_empty_split(table_csv):
     with pytest.raises(TabularDataError, match=r"Split\(s\) \['val'\] would be empty"):
-        _ = _dm(table_csv(n=20), val_size=0.01).spec
+        _ = _dm(table_csv(n=20), split=SplitSettings(val_size=0.01)).spec
 
 
 def test_constant_column_is_dropped_with_a_warning(tmp_path):

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ripieno.datamodules import TabularDataModule
+from ripieno.datamodules import LoaderSettings, TabularDataModule
 from ripieno.framework import TabularEnsembleModule, TabularSpec
 
 
@@ -104,7 +104,7 @@ def test_registered_loss_term_is_added_to_training_loss():
 
 
 def test_checkpoint_loads_with_weights_only(tmp_path):
-    dm = TabularDataModule("mlc_churn", max_rows=400, n_bins=6, batch_size=64)
+    dm = TabularDataModule("mlc_churn", max_rows=400, n_bins=6, loader=LoaderSettings(batch_size=64))
     model = TabularEnsembleModule(dm.spec, k=3, d_block=16)
     trainer = L.Trainer(max_epochs=1, limit_train_batches=2, limit_val_batches=1, logger=False,
                         enable_progress_bar=False, enable_model_summary=False,
@@ -128,7 +128,7 @@ def test_spec_type_error_names_the_fix():
 
 def test_validate_before_fit_then_fit(tmp_path):
     """A standalone validate (inference mode) must not leave metric states that break fit."""
-    dm = TabularDataModule("mlc_churn", max_rows=400, n_bins=6, batch_size=64)
+    dm = TabularDataModule("mlc_churn", max_rows=400, n_bins=6, loader=LoaderSettings(batch_size=64))
     model = TabularEnsembleModule(dm.spec, k=3, d_block=16)
     trainer = L.Trainer(max_epochs=1, logger=False, enable_progress_bar=False,
                         enable_model_summary=False, enable_checkpointing=False,

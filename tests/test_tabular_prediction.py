@@ -13,7 +13,7 @@ import pytest
 import torch
 from helpers.tables import make_table
 
-from ripieno.datamodules import TabularDataError, TabularDataModule
+from ripieno.datamodules import LoaderSettings, TabularDataError, TabularDataModule
 from ripieno.datamodules.tabular import spec_from_checkpoint
 from ripieno.framework.cli import main
 from ripieno.framework.methods import TabularEnsembleModule, TabularMLP
@@ -42,8 +42,8 @@ def _new_rows(task: str) -> pd.DataFrame:
 def _fit(tmp_path, task: str, module_cls=TabularEnsembleModule, frame: pd.DataFrame | None = None):
     path = tmp_path / "train.csv"
     (_messy_table(task) if frame is None else frame).to_csv(path, index=False)
-    dm = TabularDataModule(dataset=None, path=str(path), target="y", categorical=["colour"],
-                           missing="impute", id_column="customer", n_bins=8, batch_size=64)
+    dm = TabularDataModule(dataset=None, path=str(path), target="y", categorical=["colour"], missing="impute",
+                           id_column="customer", n_bins=8, loader=LoaderSettings(batch_size=64))
     kwargs = {"k": 4, "d_block": 16} if module_cls is TabularEnsembleModule else {}
     with pytest.warns(UserWarning, match=r"Dropping constant column\(s\) \['flat'\]"):
         model = module_cls(dm.spec, **kwargs)

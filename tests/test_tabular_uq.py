@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from ripieno.callbacks import LaplaceGGN, LastLayerSampler, SamplerEvaluation
-from ripieno.datamodules import TabularDataModule
+from ripieno.datamodules import LoaderSettings, TabularDataModule
 from ripieno.framework import TabularMLP
 
 
@@ -19,7 +19,8 @@ def test_loss_is_the_standardised_squared_error():
 
 
 def test_ll_glm_regression_metrics_and_units(tmp_path):
-    dm = TabularDataModule("concrete", numeric_embedding="none", max_rows=400, batch_size=64)
+    dm = TabularDataModule("concrete", numeric_embedding="none", max_rows=400,
+                           loader=LoaderSettings(batch_size=64))
     model = TabularMLP(dm.spec, hidden=[32, 32])
     callback = LastLayerSampler(n_samples=8, posterior=LaplaceGGN(prior_precision=1.0),
                                 evaluation=SamplerEvaluation(input_key=["x_num", "x_cat"]))
@@ -47,7 +48,8 @@ def test_ll_glm_regression_metrics_and_units(tmp_path):
 def test_evidence_selection_picks_the_closed_form_maximiser(tmp_path):
     from ripieno.framework.uq import last_layer_log_evidence
 
-    dm = TabularDataModule("concrete", numeric_embedding="none", max_rows=300, batch_size=64)
+    dm = TabularDataModule("concrete", numeric_embedding="none", max_rows=300,
+                           loader=LoaderSettings(batch_size=64))
     model = TabularMLP(dm.spec, hidden=[16])
     grid = [0.001, 0.1, 10.0, 1000.0]
     callback = LastLayerSampler(n_samples=2,

@@ -12,7 +12,7 @@ from transformers import (
     GPT2Model,
 )
 
-from ripieno.datamodules import TextDataModule
+from ripieno.datamodules import LoaderSettings, TextDataModule
 from ripieno.datamodules.text import TextDataError
 from ripieno.framework import TextClassifier
 from ripieno.framework.cli import main
@@ -24,7 +24,7 @@ RECIPE = "recipes/uq/ll_glm_gpt2_rotten_tomatoes.yaml"
 @pytest.fixture(scope="module")
 def data():
     dm = TextDataModule(max_rows=160, build_tokenizer=True, vocab_size=300, max_length=32,
-                        batch_size=16, eval_batch_size=40)
+                        loader=LoaderSettings(batch_size=16, eval_batch_size=40))
     dm.setup()
     return dm
 
@@ -67,7 +67,7 @@ def test_batches_are_padded_to_their_longest_text(data):
 
 def test_max_length_padding_keeps_the_old_shape(data):
     dm = TextDataModule(max_rows=160, tokenizer_dir=data.spec.tokenizer_dir, max_length=32,
-                        padding="max_length", batch_size=16)
+                        padding="max_length", loader=LoaderSettings(batch_size=16))
     dm.setup()
     assert next(iter(dm.train_dataloader()))["input_ids"].shape == (16, 32)
 

@@ -14,13 +14,15 @@ import pytest
 import torch
 
 import ripieno.datamodules.text as text_module
+from ripieno.datamodules import LoaderSettings, SplitSettings
 from ripieno.datamodules.text import MissingTextDataError, TextDataError, TextDataModule, load_bbc_news
 from ripieno.framework.specs.text import TextSpec
 
 
 @pytest.fixture(scope="module")
 def shipped() -> TextDataModule:
-    dm = TextDataModule(max_rows=400, build_tokenizer=True, max_length=48, batch_size=16, eval_batch_size=50)
+    dm = TextDataModule(max_rows=400, build_tokenizer=True, max_length=48,
+                        loader=LoaderSettings(batch_size=16, eval_batch_size=50))
     dm.setup()
     return dm
 
@@ -73,7 +75,8 @@ def test_split_stratified_and_reproducible(shipped: TextDataModule) -> None:
     assert not (rows[0] & rows[1] or rows[0] & rows[2] or rows[1] & rows[2])
     fresh = [float(shipped._splits[n].labels.float().mean()) for n in ("train", "val", "test")]
     assert max(fresh) - min(fresh) < 0.05  # stratified: same share of "fresh" in every split
-    other = TextDataModule(max_rows=400, tokenizer_dir=shipped.spec.tokenizer_dir, split_seed=1)
+    other = TextDataModule(max_rows=400, tokenizer_dir=shipped.spec.tokenizer_dir,
+                           split=SplitSettings(seed=1))
     other.setup()
     assert not np.array_equal(other._splits["test"].rows, shipped._splits["test"].rows)
 
@@ -234,7 +237,8 @@ def test_user_csv_and_parquet(tmp_path: Path) -> None:
     sizes = []
     for name in ("reviews.csv", "reviews.parquet"):
         dm = TextDataModule(dataset=str(tmp_path / name), text_column="review", label_column="sentiment",
-                            build_tokenizer=True, vocab_size=300, max_length=16, batch_size=8)
+                            build_tokenizer=True, vocab_size=300, max_length=16,
+                            loader=LoaderSettings(batch_size=8))
         spec = dm.spec
         assert spec.class_names == ["neg", "pos"] and spec.n_classes == 2
         assert spec.n_train + spec.n_val + spec.n_test == 60

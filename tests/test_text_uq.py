@@ -5,14 +5,14 @@ import pytest
 import torch
 
 from ripieno.callbacks import LaplaceGGN, LastLayerSampler, SamplerEvaluation
-from ripieno.datamodules import TextDataModule
+from ripieno.datamodules import LoaderSettings, TextDataModule
 from ripieno.framework import TextClassifier
 
 
 @pytest.mark.parametrize("glm", ["last_layer", "full"])
 def test_glm_sampler_on_gpt2(tmp_path, glm):
     dm = TextDataModule(max_rows=160, build_tokenizer=True, vocab_size=300, max_length=16,
-                        batch_size=32, eval_batch_size=64)
+                        loader=LoaderSettings(batch_size=32, eval_batch_size=64))
     model = TextClassifier(dm.spec, n_layer=1, n_head=2, n_embd=16)
     callback = LastLayerSampler(glm=glm, n_samples=3, posterior=LaplaceGGN(max_iters=3),
                                 evaluation=SamplerEvaluation(input_key=["input_ids", "attention_mask"]))

@@ -8,14 +8,15 @@ import torch
 from helpers.ddp import DestroyGlooAtExit
 
 from ripieno.callbacks import DiversityMonitor
-from ripieno.datamodules import TabularDataModule
+from ripieno.datamodules import LoaderSettings, TabularDataModule
 from ripieno.framework import TabularEnsembleModule
 from ripieno.framework.cli import main
 
 
 def _fit(tmp_path, **trainer_kwargs):
     L.seed_everything(0)
-    dm = TabularDataModule("mlc_churn", max_rows=600, n_bins=8, batch_size=64, eval_batch_size=60)
+    dm = TabularDataModule("mlc_churn", max_rows=600, n_bins=8, loader=LoaderSettings(batch_size=64,
+                           eval_batch_size=60))
     model = TabularEnsembleModule(dm.spec, k=4, d_block=32, adapter="lometab")
     trainer = L.Trainer(max_epochs=1, logger=False, enable_progress_bar=False,
                         enable_model_summary=False, enable_checkpointing=False,
@@ -61,7 +62,7 @@ def test_tensorboard_logs_beside_csv(tmp_path, capsys):
 def test_prediction_writer_under_ddp_covers_every_row_once(tmp_path):
     from ripieno.callbacks import MemberPredictionWriter
 
-    dm = TabularDataModule("mlc_churn", max_rows=600, n_bins=8, eval_batch_size=32)
+    dm = TabularDataModule("mlc_churn", max_rows=600, n_bins=8, loader=LoaderSettings(eval_batch_size=32))
     model = TabularEnsembleModule(dm.spec, k=3, d_block=16)
     trainer = L.Trainer(accelerator="cpu", devices=2, strategy="ddp_spawn", logger=False,
                         enable_progress_bar=False, default_root_dir=tmp_path,

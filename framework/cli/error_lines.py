@@ -74,6 +74,6 @@ def _out_of_memory(error: BaseException, chain: list[BaseException]) -> str:
         size = (f" ({int(asked.group(1)) / 2**30:.1f} GiB asked for at once)" if asked.group(1)
                 else f" ({asked.group(2)} asked for at once)")
     return (f"out of memory{where}{size}: {first_line(error)[:160]}; make the model or the batches smaller"
-            " (e.g. --model.init_args.d_block, n_blocks or k, --data.init_args.batch_size) or run on a"
+            " (e.g. --model.init_args.d_block, n_blocks or k, --data.init_args.loader.batch_size) or run on a"
             " machine with more memory.")
 

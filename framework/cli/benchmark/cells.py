@@ -44,7 +44,7 @@ import optuna
 from optuna.storages import RDBStorage
 from optuna.trial import FrozenTrial, Trial, TrialState
 
-from ripieno.framework.cli.benchmark.config import BenchmarkConfig, datamodule_class
+from ripieno.framework.cli.benchmark.config import BenchmarkConfig, datamodule_class, fingerprint_data_args
 from ripieno.framework.cli.benchmark.models import PRIMARY, FitResult, fit_and_score
 from ripieno.framework.cli.benchmark.uncertainty import ConformalSettings, calibration_splits
 from ripieno.framework.cli.error_lines import one_line_error
@@ -107,6 +107,12 @@ def wanted_cells(config: BenchmarkConfig) -> list[Cell]:
     ]
 
 
+def _moved_arguments(data_class: str) -> dict[str, str]:
+    """The data class's ``MOVED_ARGUMENTS`` (its flat arguments of earlier releases), or none."""
+    cls, _ = datamodule_class(data_class, "benchmark")
+    return dict(getattr(cls, "MOVED_ARGUMENTS", None) or {})
+
+
 def cell_fingerprint(
     config: BenchmarkConfig, cell: Cell, tables: dict[str, dict[str, Any]]
 ) -> dict[str, Any]:
@@ -126,7 +132,8 @@ def cell_fingerprint(
         "model": {"kind": spec.kind, "params": spec.params},
         "data": {
             "class": config.data_class,
-            "args": {**config.data, **config.dataset(cell.dataset).args},
+            "args": fingerprint_data_args({**config.data, **config.dataset(cell.dataset).args},
+                                          _moved_arguments(config.data_class)),
             "table": tables[cell.dataset],
         },
     }

@@ -5,10 +5,10 @@ YAML path. Keys::
 
     name: tabular_cpu                  # the study and output folder name
     protocol: default                  # default | tuned
-    seeds: [0, 1, 2]                   # model seeds (the split is fixed by data.split_seed)
+    seeds: [0, 1, 2]                   # model seeds (the split is fixed by data.split.seed)
     data:                              # TabularDataModule arguments shared by every table
       max_rows: 5000
-      split_seed: 0
+      split: {seed: 0}
     datasets:                          # shipped names (docs/benchmark_suite.md) or a user's table
       - keel_letter
       - {name: my_table, path: data/my.csv, target: y, categorical: [city]}
@@ -160,6 +160,57 @@ def table_identity(config: BenchmarkConfig, name: str, sources: Mapping[str, Any
     return identity
 
 
+def grouped_data_args(args: dict[str, Any], moved: Mapping[str, str], where: str) -> dict[str, Any]:
+    """A file's data arguments with the flat keys of earlier releases moved into their groups, each warned.
+
+    ``moved`` is the data class's ``MOVED_ARGUMENTS`` (``{"split_seed": "split.seed", ...}``); a key
+    given both ways is refused in one line.
+
+    Example:
+        >>> import warnings
+        >>> with warnings.catch_warnings():
+        ...     warnings.simplefilter("ignore")
+        ...     grouped_data_args({"split_seed": 1, "max_rows": 9}, {"split_seed": "split.seed"}, "b.yaml")
+        {'max_rows': 9, 'split': {'seed': 1}}
+    """
+    import warnings
+
+    from ripieno.framework.errors import REMOVED_IN, RipienoDeprecationWarning
+
+    for name in [n for n in args if n in moved and "." in moved[n]]:
+        group, field = moved[name].split(".", 1)
+        target = args.setdefault(group, {})
+        if not isinstance(target, dict) or field in target:
+            raise BenchmarkConfigError(
+                f"{where}: {name} and {moved[name]} are the same setting, given twice; keep {moved[name]}."
+            )
+        target[field] = args.pop(name)
+        warnings.warn(f"{where}: {name} is now {moved[name]}; the flat key is removed in ripieno"
+                      f" {REMOVED_IN}", RipienoDeprecationWarning, stacklevel=2)
+    return args
+
+
+def fingerprint_data_args(args: Mapping[str, Any], moved: Mapping[str, str]) -> dict[str, Any]:
+    """Data arguments as a fingerprint records them: grouped settings under their earlier flat names.
+
+    The groups changed how a file writes these settings, not what they do: a store whose cells were
+    fitted with ``split_seed: 0`` is the store that ``split: {seed: 0}`` makes, and resumes as such
+    (fingerprints compare as canonical JSON, so the order of keys does not matter).
+
+    Example:
+        >>> fingerprint_data_args({"split": {"seed": 0}, "max_rows": 9}, {"split_seed": "split.seed"})
+        {'max_rows': 9, 'split_seed': 0}
+    """
+    flat = {place: name for name, place in moved.items()}
+    groups = {place.split(".", 1)[0] for place in flat}
+    out = {k: v for k, v in args.items() if not (k in groups and isinstance(v, dict))}
+    for group in groups & set(args):
+        if isinstance(args[group], dict):
+            for name, value in args[group].items():
+                out[flat.get(f"{group}.{name}", f"{group}.{name}")] = value
+    return out
+
+
 def datamodule_class(class_path: str, where: str) -> tuple[type[L.LightningDataModule], ModuleType]:
     """The ``LightningDataModule`` class with ``table_splits()`` that ``class_path`` names, and its module.
 
@@ -269,7 +320,13 @@ def load_benchmark(name: str | Path, known: tuple[str, ...] = ()) -> BenchmarkCo
             " carves the calibration rows itself); move it to conformal: {calibration_size: ...}."
         )
     data_class = raw.get("data_class", DATA_CLASS)
-    datamodule_class(data_class, where)
+    cls, _ = datamodule_class(data_class, where)
+    moved = getattr(cls, "MOVED_ARGUMENTS", None) or {}
+    data = grouped_data_args(dict(data), moved, f"{where}: data")
+    datasets = tuple(
+        DatasetEntry(d.name, grouped_data_args(dict(d.args), moved, f"{where}: data set {d.name!r}"))
+        for d in datasets
+    )
     conformal = _conformal(raw.get("conformal"), where)
     tuning = raw.get("tuning") or {}
     try:

@@ -352,7 +352,8 @@ def uncertainty_markdown(results: pd.DataFrame) -> list[str]:
         counts = f"{used.min():.0f}" + (f"-{used.max():.0f}" if used.max() > used.min() else "")
         conformal = (
             f" Conformal sets (LAC, APS) and intervals (abs: absolute residuals; norm: residuals over the"
-            f" members' spread or the predicted standard deviation) at {1 - alpha.iloc[0]:.0%}, calibrated on"
+            f" members' spread or the predicted standard deviation; CQR: conformalised quantile regression on"
+            f" a model's outer quantiles) at {1 - alpha.iloc[0]:.0%}, calibrated on"
             f" {source} ({counts} rows per table). Coverage is shown, not ranked: split conformal gives every"
             " model the target coverage, so its differences are the test rows' sampling noise; set size,"
             " width and the Winkler score compare models at that coverage."
@@ -361,7 +362,9 @@ def uncertainty_markdown(results: pd.DataFrame) -> list[str]:
         "## Uncertainty",
         "",
         f"Test rows. ECE: top-label, {ECE_BINS} equal-width bins; Brier: squared error summed over classes;"
-        f" regression NLL and CRPS only for models with a predictive distribution.{conformal}",
+        " regression NLL and CRPS (closed form) only for models with a predictive distribution, and QS"
+        " (twice the mean pinball loss at the levels 0.05, 0.10, ..., 0.95, CRPS's quantile decomposition"
+        f" with equal weights) for those and for quantile models.{conformal}",
         "",
         *lines,
     ]
