@@ -56,8 +56,10 @@ from experiments.runs import quiet_lightning, results_dir
 from experiments.uq_comparison import COLUMNS, GRID, evaluate, train
 from ripieno.callbacks import (
     DeepEnsembleSampler,
+    LaplaceGGN,
     LaplaceSampler,
     LastLayerSampler,
+    LeastSquaresLogits,
     MCDropoutSampler,
     SamplerEvaluation,
     SWAGSampler,
@@ -245,8 +247,9 @@ def _run_methods(budget: Budget, out: Path) -> tuple[list[dict[str, Any]], list[
         rows.append(test("MAP (LeNet-5)", None, varroc="-", train_seconds=round(train_seconds["MAP"], 1)))
         solves = (("LL-GLM", "last_layer", budget.ll_epochs), ("DNN-GLM", "full", budget.dnn_epochs))
         for label, glm, epochs in solves:
-            callback = _glm(glm, budget, posterior="least_squares_logits", epochs=epochs,
-                            gamma_grid=GAMMA_GRID[label], predictive_scale_grid=SCALE_GRID)
+            posterior = LeastSquaresLogits(epochs=epochs, gamma_grid=GAMMA_GRID[label],
+                                           predictive_scale_grid=SCALE_GRID)
+            callback = _glm(glm, budget, posterior=posterior)
             row = test(f"{label} (LinearSampling)", callback, posterior="least_squares_logits", varroc="map")
             rows.append(with_mean_varroc(row, callback))
             grids += [{"glm": label, "gamma": g, "predictive_scale": c, "val_lppd": round(v, 5)}
@@ -257,11 +260,11 @@ def _run_methods(budget: Budget, out: Path) -> tuple[list[dict[str, Any]], list[
             row = evaluate(cli, f"{label} (LinearSampling, paper's gamma, scale 1)", callback, root, data,
                            {**COLUMNS, **EXTRA_COLUMNS})
             rows.append({**row, "seconds": None, "posterior": "least_squares_logits", "varroc": "map"})
-        ll_ggn = _glm("last_layer", budget, prior_precision_grid=GRID)
+        ll_ggn = _glm("last_layer", budget, posterior=LaplaceGGN(prior_precision_grid=GRID))
         row = test("LL-GLM (exact GGN)", ll_ggn, posterior="laplace_ggn", varroc="map")
         rows.append(with_mean_varroc(row, ll_ggn))
-        dnn_ggn = _glm("full", budget, max_iters=budget.dnn_cg_iters,
-                       prior_precision=ll_ggn.chosen_prior_precision)
+        dnn_ggn = _glm("full", budget, posterior=LaplaceGGN(max_iters=budget.dnn_cg_iters,
+                                                             prior_precision=ll_ggn.chosen_prior_precision))
         rows.append(with_mean_varroc(test(f"DNN-GLM (GGN, {budget.dnn_cg_iters} CG steps)", dnn_ggn,
                                           posterior="laplace_ggn", varroc="map"), dnn_ggn))
         rows.append(test("MC-dropout (p=0.1)", MCDropoutSampler(n_samples=s, evaluation=OOD),
