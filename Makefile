@@ -89,6 +89,7 @@ sweep: $(STAMP)  ## (rank, sigma_init) diversity grid and LoMETab-vs-additive di
 benchmark: $(STAMP)  ## The tabular benchmark, CPU protocols (resumable; results under docs/results/benchmark).
 	$(BIN)/ripieno benchmark -c benchmarks/tabular_cpu --out docs/results/benchmark/tabular_cpu
 	$(BIN)/ripieno benchmark -c benchmarks/tabular_tuned_cpu --out docs/results/benchmark/tabular_tuned_cpu
+	$(BIN)/ripieno benchmark -c benchmarks/tabular_cpu_distributional --out docs/results/benchmark/tabular_cpu_distributional
 
 claims: $(STAMP)  ## The side-by-side reproduction report, docs/results/claims/claims.md (full settings).
 	$(BIN)/python -m experiments.claims
