@@ -315,7 +315,7 @@ def test_xgboost_node_count_equals_the_dataframe_and_survives_a_boolean_split():
     """Oracle: ``trees_to_dataframe``'s row count; a boolean column (an indicator split) breaks only it."""
     import xgboost
 
-    from ripieno.framework.cli.benchmark.models import xgboost_node_count
+    from ripieno.framework.methods.gbdt import xgboost_node_count
 
     rng = np.random.default_rng(0)
     x = pd.DataFrame({"a": rng.normal(size=400), "c": pd.Categorical(rng.choice(list("xyz"), 400))})

@@ -8,7 +8,7 @@ import pytest
 from scipy.stats import norm
 
 from ripieno.framework.cli.benchmark.config import load_benchmark
-from ripieno.framework.cli.benchmark.models import ModelSpec, QuantileBoosting, fit_and_score
+from ripieno.framework.cli.benchmark.models import ModelSpec, fit_and_score
 from ripieno.framework.cli.benchmark.uncertainty import (
     SCORE_LEVELS,
     ConformalSettings,
@@ -18,6 +18,7 @@ from ripieno.framework.cli.benchmark.uncertainty import (
     quantile_score,
 )
 from ripieno.framework.errors import RipienoInputError
+from ripieno.framework.methods.gbdt import QuantileBoosting
 from ripieno.framework.specs.table_splits import TableSplits
 from ripieno.framework.uq.conformal import SplitConformal
 
@@ -98,9 +99,9 @@ def test_a_quantile_gbdt_predicts_its_median_and_is_scored_by_quantiles_and_cqr(
     result = fit_and_score(spec, data, 0, conformal=ConformalSettings())
     assert {"rmse", "qs", "abs_width", "cqr_coverage", "cqr_width", "cqr_winkler"} <= set(result.test)
     assert "nll" not in result.test and "crps" not in result.test and "norm_width" not in result.test
-    from ripieno.framework.cli.benchmark.models import _fit_lightgbm, _fit_xgboost
+    from ripieno.framework.methods.gbdt import fit_lightgbm, fit_xgboost
 
-    model, _, _, prepare = {"xgboost": _fit_xgboost, "lightgbm": _fit_lightgbm}[kind](
+    model, _, _, prepare = {"xgboost": fit_xgboost, "lightgbm": fit_lightgbm}[kind](
         data, dict(spec.params), 0)
     assert isinstance(model, QuantileBoosting)
     levels, q_test = model.predictive_quantiles(prepare(data.features["test"]))
