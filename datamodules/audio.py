@@ -499,14 +499,13 @@ class AudioDataModule(SplitDataModule):
         audio_column: str = "audio",
         label_column: str = "label",
         max_train_rows: int | None = None,
-
         split: SplitSettings = DEFAULT_SPLIT,
         loader: LoaderSettings = DEFAULT_LOADER,
         **moved: Any,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
-        self._take_settings(split, loader, moved, (self.DEFAULT_SPLIT, self.DEFAULT_LOADER))
+        self._take_settings(split, loader, moved)
         self._extractor: Any = None
 
     @property

@@ -92,6 +92,9 @@ class SplitDataModule(L.LightningDataModule, ABC):
     #: The flat arguments of earlier releases and their place in ``split`` or ``loader`` (set by the
     #: subclasses that take the groups; a recipe file's load regroups them, with a warning).
     MOVED_ARGUMENTS: ClassVar[dict[str, str]] = {}
+    #: The defaults of the groups, for the subclasses that take them (``_take_settings``).
+    DEFAULT_SPLIT: ClassVar[SplitSettings] = SplitSettings(val_size=0.1, test_size=0.2)
+    DEFAULT_LOADER: ClassVar[LoaderSettings] = LoaderSettings(batch_size=64, eval_batch_size=512)
 
     def __init__(self) -> None:
         super().__init__()
@@ -105,15 +108,14 @@ class SplitDataModule(L.LightningDataModule, ABC):
         split: SplitSettings | dict[str, Any] | None,
         loader: LoaderSettings | dict[str, Any] | None,
         moved: dict[str, Any],
-        defaults: tuple[SplitSettings, LoaderSettings],
     ) -> None:
         """Keep the ``split`` and ``loader`` groups (flat arguments of earlier releases folded in, warned).
 
         ``hparams`` then hold each group as a dict of its fields, not the flat names, so a checkpoint
         rebuilds the DataModule from its groups.
         """
-        groups = settings_with_moved(type(self).__name__, {"split": split, "loader": loader},
-                                     {"split": defaults[0], "loader": defaults[1]}, moved)
+        defaults = {"split": self.DEFAULT_SPLIT, "loader": self.DEFAULT_LOADER}
+        groups = settings_with_moved(type(self).__name__, {"split": split, "loader": loader}, defaults, moved)
         self._split_settings, self._loader_settings = groups["split"], groups["loader"]
         for name in moved:
             self.hparams.pop(name, None)

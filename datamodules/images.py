@@ -430,14 +430,13 @@ class ImageDataModule(SplitDataModule):
         label_column: str = "label",
         max_train_rows: int | None = None,
         normalize: bool = True,
-
         split: SplitSettings = DEFAULT_SPLIT,
         loader: LoaderSettings = DEFAULT_LOADER,
         **moved: Any,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
-        self._take_settings(split, loader, moved, (self.DEFAULT_SPLIT, self.DEFAULT_LOADER))
+        self._take_settings(split, loader, moved)
 
     @property
     def spec(self) -> ImageSpec:

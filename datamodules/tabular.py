@@ -198,14 +198,13 @@ class TabularDataModule(SplitDataModule):
         preprocessing_from: str | None = None,
         max_rows: int | None = None,
         calibration_size: float = 0.0,
-
         split: SplitSettings = DEFAULT_SPLIT,
         loader: LoaderSettings = DEFAULT_LOADER,
         **moved: Any,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
-        self._take_settings(split, loader, moved, (self.DEFAULT_SPLIT, self.DEFAULT_LOADER))
+        self._take_settings(split, loader, moved)
         self._prediction_ids: tuple[str, list[Any]] | None = None
         self._official: np.ndarray | None = None
         self._table_splits: TableSplits | None = None

@@ -572,14 +572,13 @@ class TextDataModule(SplitDataModule):
         padding: TextPadding = "longest",
         pad_to_multiple_of: int | None = None,
         max_rows: int | None = None,
-
         split: SplitSettings = DEFAULT_SPLIT,
         loader: LoaderSettings = DEFAULT_LOADER,
         **moved: Any,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
-        self._take_settings(split, loader, moved, (self.DEFAULT_SPLIT, self.DEFAULT_LOADER))
+        self._take_settings(split, loader, moved)
         self.tokenizer: Any = None
         if tokenizer_dir is not None and build_tokenizer:
             raise TextDataError(

@@ -376,14 +376,13 @@ class BackboneImageDataModule(SplitDataModule):
         image_column: str = "image",
         label_column: str = "label",
         max_train_rows: int | None = None,
-
         split: SplitSettings = DEFAULT_SPLIT,
         loader: LoaderSettings = DEFAULT_LOADER,
         **moved: Any,
     ) -> None:
         super().__init__()
         self.save_hyperparameters()
-        self._take_settings(split, loader, moved, (self.DEFAULT_SPLIT, self.DEFAULT_LOADER))
+        self._take_settings(split, loader, moved)
         self._preprocessor: ImagePreprocessor | None = None
 
     @property
