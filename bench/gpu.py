@@ -599,8 +599,9 @@ def _family_args(family: str, s: Sizes, cache: Path) -> list[str]:
                                 "max_rows": s.sync_text_rows}}
         args += [f"--data.init_args.source={json.dumps(source)}", "--data.init_args.progress=false",
                  "--data.init_args.selection.scores_path=null", f"--data.init_args.cache.dir={cache}"]
-    if s.sync_batch is not None:
-        args.append(f"--data.init_args.batch_size={s.sync_batch}")
+    if s.sync_batch is not None:  # the modality DataModules group it; LayerEmbeddingDataModule has its own
+        grouped = family in ("tabular LoMETab", "M-cover MLP", "image classifier")
+        args.append(f"--data.init_args.{'loader.' if grouped else ''}batch_size={s.sync_batch}")
     return args
 
 

@@ -84,7 +84,7 @@ def test_a_checkpoint_with_the_flat_hyperparameters_of_earlier_releases_rebuilds
     path = tmp_path / "old.ckpt"
     torch.save({"datamodule_hyper_parameters": old, "pytorch-lightning_version": "2.6.0"}, path)
     with pytest.warns(RipienoDeprecationWarning):
-        rebuilt = TabularDataModule.load_from_checkpoint(path)
+        rebuilt = TabularDataModule.load_from_checkpoint(path, weights_only=True)
     assert rebuilt.split_settings == SplitSettings(val_size=0.3, test_size=0.2, seed=2)
     assert rebuilt.loader_settings.batch_size == 8
     new = tmp_path / "new.ckpt"
@@ -92,7 +92,7 @@ def test_a_checkpoint_with_the_flat_hyperparameters_of_earlier_releases_rebuilds
     torch.save(saved, new)
     with warnings.catch_warnings():
         warnings.simplefilter("error", RipienoDeprecationWarning)  # the groups as saved load without one
-        again = TabularDataModule.load_from_checkpoint(new)
+        again = TabularDataModule.load_from_checkpoint(new, weights_only=True)
     assert again.split_settings == rebuilt.split_settings and again.loader_settings == rebuilt.loader_settings
 
 
