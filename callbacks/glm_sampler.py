@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 import itertools
 import warnings
-from dataclasses import fields, replace
+from dataclasses import fields
 from typing import Any, ClassVar, Literal
 
 import lightning as L
@@ -50,7 +50,7 @@ from ripieno.callbacks.sampler_settings import (
     check_positive,
     setting_error,
 )
-from ripieno.framework.errors import REMOVED_IN, RipienoDeprecationWarning
+from ripieno.framework.errors import REMOVED_IN, RipienoDeprecationWarning, fold_flat_arguments
 from ripieno.framework.messages import get_logger
 from ripieno.framework.metrics.uq import LogPointwisePredictiveDensity
 from ripieno.framework.uq.glm_sampler import GLMPosteriorSampler, last_layer_log_evidence
@@ -99,16 +99,8 @@ def posterior_with_moved(owner: str, posterior: GLMPosterior | str | dict[str, A
         raise setting_error(owner, "posterior", posterior.kind, f"{other} apply to the other posterior only",
                             "drop them, or sample the posterior they belong to (LaplaceGGN or"
                             " LeastSquaresLogits)")
-    default = type(posterior)()
-    for name in moved:
-        if getattr(posterior, name) != getattr(default, name):
-            group = type(posterior).__name__
-            raise ValueError(f"{owner}({name}=...) and {owner}(posterior={group}({name}=...)) are the same"
-                             f" setting, given twice; keep posterior.{name}.")
-        warnings.warn(f"{owner}({name}=...) is now {owner}(posterior={type(posterior).__name__}({name}=...));"
-                      f" the flat argument is removed in ripieno {REMOVED_IN}", RipienoDeprecationWarning,
-                      stacklevel=3)
-    return replace(posterior, **moved)
+    return fold_flat_arguments(owner, "posterior", posterior, type(posterior)(),
+                               {name: (name, value) for name, value in moved.items()}, stacklevel=3)
 
 
 class LastLayerSampler(PosteriorPredictiveCallback):

@@ -26,14 +26,13 @@ Example:
 
 from __future__ import annotations
 
-import warnings
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 from ripieno.callbacks.temperature_scaling import (
     TemperatureScaling,  # at run time: jsonargparse reads the hint
 )
-from ripieno.framework.errors import REMOVED_IN, RipienoDeprecationWarning
+from ripieno.framework.errors import fold_flat_arguments
 
 
 @dataclass(frozen=True)
@@ -101,16 +100,5 @@ def evaluation_with_moved(owner: str, evaluation: SamplerEvaluation | dict[str, 
     unknown = [name for name in moved if name not in MOVED_ARGUMENTS]
     if unknown:
         raise TypeError(f"{owner}() got an unexpected keyword argument {unknown[0]!r}")
-    if not moved:
-        return evaluation
-    default = SamplerEvaluation()
-    twice = [name for name in moved if getattr(evaluation, name) != getattr(default, name)]
-    if twice:
-        name = twice[0]
-        raise ValueError(f"{owner}({name}=...) and {owner}(evaluation=SamplerEvaluation({name}=...)) are the"
-                         f" same setting, given twice; keep evaluation.{name}.")
-    for name in moved:
-        warnings.warn(f"{owner}({name}=...) is now {owner}(evaluation=SamplerEvaluation({name}=...)); the"
-                      f" flat argument is removed in ripieno {REMOVED_IN}", RipienoDeprecationWarning,
-                      stacklevel=3)
-    return replace(evaluation, **moved)
+    return fold_flat_arguments(owner, "evaluation", evaluation, DEFAULT_EVALUATION,
+                               {name: (name, value) for name, value in moved.items()}, stacklevel=3)

@@ -30,11 +30,10 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
-from ripieno.framework.errors import REMOVED_IN, RipienoDeprecationWarning
+from ripieno.framework.errors import fold_flat_arguments
 
 
 @dataclass(frozen=True)
@@ -110,7 +109,6 @@ def settings_with_moved(
     if unknown:
         raise TypeError(f"{owner}() got an unexpected keyword argument {unknown[0]!r}")
     groups: dict[str, Any] = {}
-    given_groups: dict[str, Any] = {}
     for name, default in defaults.items():
         value = given.get(name)
         if value is None:
@@ -120,19 +118,11 @@ def settings_with_moved(
         elif not isinstance(value, type(default)):
             raise TypeError(f"{owner}({name}=...) must be a {type(default).__name__} (or a dict of its"
                             f" fields), got {type(value).__name__}.")
-        given_groups[name] = value
+        flat = {key: (MOVED_ARGUMENTS[key].split(".")[1], item) for key, item in moved.items()
+                if MOVED_ARGUMENTS[key].startswith(f"{name}.")}
+        value = fold_flat_arguments(owner, name, value, default, flat, stacklevel=4)
         unset = {f.name: getattr(default, f.name) for f in fields(value) if getattr(value, f.name) is None}
         groups[name] = dataclasses.replace(value, **unset)
-    for flat, value in moved.items():
-        name, field = MOVED_ARGUMENTS[flat].split(".")
-        group = groups[name]
-        grouped = f"{owner}({name}={type(group).__name__}({field}=...))"
-        if getattr(given_groups[name], field) not in (None, getattr(defaults[name], field)):
-            raise ValueError(f"{owner}({flat}=...) and {grouped} are the same setting, given twice; keep"
-                             f" {name}.{field}.")
-        warnings.warn(f"{owner}({flat}=...) is now {grouped}; the flat argument is removed in ripieno"
-                      f" {REMOVED_IN}", RipienoDeprecationWarning, stacklevel=4)
-        groups[name] = dataclasses.replace(group, **{field: value})
     return groups
 
 

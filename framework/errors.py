@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from os import PathLike
+from typing import Any
 
 
 class RipienoInputError(ValueError):
@@ -35,6 +36,51 @@ class RipienoDeprecationWarning(DeprecationWarning):
     A ``DeprecationWarning``, so in a user's own program the program's warning filters decide (Python
     hides it outside ``__main__``, test runners show it); the ``ripieno`` command shows it.
     """
+
+
+def fold_flat_arguments(owner: str, argument: str, group: Any, default: Any,  # noqa: ANN401 - a frozen dataclass
+                        moved: dict[str, tuple[str, Any]], stacklevel: int = 2) -> Any:  # noqa: ANN401
+    """``group`` with flat arguments of earlier releases folded in, each with a ``RipienoDeprecationWarning``.
+
+    The one policy of every class whose flat arguments became a group (``SamplerEvaluation``, the
+    ``LastLayerSampler`` posteriors, ``SplitSettings`` / ``LoaderSettings``): each flat argument sets its
+    field, warns naming the group's form, and is refused when the group given sets the field too.
+
+    Args:
+        owner: the class name, for the messages.
+        argument: the group's argument name (``evaluation``, ``posterior``, ``split``).
+        group: the group as given (a frozen dataclass).
+        default: what a field the user did not set equals (a field equal to it, or ``None``, is unset).
+        moved: ``{flat name: (field, value)}``.
+        stacklevel: of the warning, counted from the caller of this function.
+
+    Raises:
+        ValueError: a setting given both flat and in the group.
+
+    Example:
+        >>> import dataclasses, warnings
+        >>> @dataclasses.dataclass(frozen=True)
+        ... class Group:
+        ...     seed: int = 0
+        >>> with warnings.catch_warnings(record=True) as caught:
+        ...     warnings.simplefilter("always")
+        ...     fold_flat_arguments("Data", "split", Group(), Group(), {"split_seed": ("seed", 3)})
+        Group(seed=3)
+        >>> print(caught[0].message)
+        Data(split_seed=...) is now Data(split=Group(seed=...)); the flat argument is removed in ripieno 0.3.0
+    """
+    import dataclasses
+    import warnings
+
+    name = type(group).__name__
+    for flat, (field, _) in moved.items():
+        if getattr(group, field) not in (None, getattr(default, field)):
+            raise ValueError(f"{owner}({flat}=...) and {owner}({argument}={name}({field}=...)) are the same"
+                             f" setting, given twice; keep {argument}.{field}.")
+        warnings.warn(f"{owner}({flat}=...) is now {owner}({argument}={name}({field}=...)); the flat argument"
+                      f" is removed in ripieno {REMOVED_IN}", RipienoDeprecationWarning,
+                      stacklevel=stacklevel + 1)
+    return dataclasses.replace(group, **{field: value for field, value in moved.values()})
 
 
 def file_problem(path: str | PathLike[str], problem: str, fix: str) -> str:
