@@ -465,7 +465,7 @@ class StepTimer(L.Callback):
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
         """Close a gloo process group at the worker's exit (Lightning does so only for nccl)."""
         if torch.distributed.is_available() and torch.distributed.is_initialized():
-            from ripieno.framework.cli.process_group_exit import close_process_group_at_exit
+            from ripieno.framework.runner.process_group_exit import close_process_group_at_exit
 
             close_process_group_at_exit()
 

@@ -36,11 +36,11 @@ from pathlib import Path
 import optuna
 
 from ripieno.framework.cli.main import main as ripieno
-from ripieno.framework.cli.tune.command import quiet_optuna
-from ripieno.framework.cli.tune.space import SearchSpace
-from ripieno.framework.cli.tune.study_storage import open_storage
-from ripieno.framework.cli.tune.trial_run import DataCache
-from ripieno.framework.cli.tune.worker import TuneSetup, run_worker
+from ripieno.framework.tuning.space import SearchSpace
+from ripieno.framework.tuning.study import quiet_optuna
+from ripieno.framework.tuning.study_storage import open_storage
+from ripieno.framework.tuning.trial_run import DataCache
+from ripieno.framework.tuning.worker import TuneSetup, run_worker
 
 RECIPE = "tabular/lometab_churn"
 FIXED = {"model.init_args.rank": 4, "model.init_args.sigma_init": 3.0, "model.init_args.lr": 0.002}
@@ -54,7 +54,7 @@ def main() -> None:
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="ripieno-tune-bench-"))
     common = [f"--trainer.max_epochs={args.epochs}", "--trainer.enable_progress_bar=false"]
-    from ripieno.framework.cli.recipes import find_recipe
+    from ripieno.framework.runner.recipes import find_recipe
 
     fit_args = ["-c", str(find_recipe(RECIPE)), *common]
     space = SearchSpace.from_dict(

@@ -232,7 +232,7 @@ class LayerEmbeddingDataModule(SplitDataModule):
 
     and on the command line ``--data.init_args.selection.k=2``. A recipe file with the flat arguments
     of earlier releases (``k: 3``) still loads, with a warning naming each grouped key
-    (``framework/cli/moved_arguments.py``); a flat key on the command line stops the command naming it.
+    (``framework/runner/moved_arguments.py``); a flat key on the command line stops the command naming it.
 
     Args:
         source: the datamodule whose batches hold the backbone's inputs and ``y``. jsonargparse

@@ -38,7 +38,7 @@ import pandas as pd
 
 from experiments.claim_rows import ClaimRow, Verdict, claims_table
 from experiments.runs import results_dir, shown_path, write_text
-from ripieno.framework.cli.benchmark.report import compare, overall, summary
+from ripieno.framework.benchmark.report import compare, overall, summary
 from ripieno.framework.cli.main import main as ripieno_main
 
 BENCHMARK_DIR = results_dir("benchmark")

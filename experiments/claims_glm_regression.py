@@ -81,7 +81,7 @@ from experiments.claim_rows import ClaimRow, Verdict, claims_table, mean_std, ve
 from experiments.runs import quiet_lightning, results_dir, shown_path, write_text
 from experiments.uq_comparison import train
 from ripieno.callbacks import LaplaceGGN, LastLayerSampler, SamplerEvaluation
-from ripieno.framework.cli.recipes import find_recipe
+from ripieno.framework.runner.recipes import find_recipe
 from ripieno.framework.uq import FullNetworkLinearization, LastLayerLinearization
 
 RECIPE = "uq/ll_glm_concrete"  # TabularMLP on a TabularDataModule; its callbacks are dropped

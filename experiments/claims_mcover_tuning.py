@@ -142,7 +142,7 @@ def fit_and_test(target: Target, overrides: list[str], seed: int, folder: Path) 
 
 
 def _recipe_path(recipe: str) -> Path:
-    from ripieno.framework.cli.recipes import find_recipe
+    from ripieno.framework.runner.recipes import find_recipe
 
     return find_recipe(recipe)
 

@@ -64,7 +64,7 @@ from ripieno.callbacks import (
     SamplerEvaluation,
     SWAGSampler,
 )
-from ripieno.framework.cli.recipes import find_recipe
+from ripieno.framework.runner.recipes import find_recipe
 
 RECIPE = "uq/dnn_glm_lenet_fashion_mnist_reference"
 #: The reference's amended results on LeNet / Fashion-MNIST: (VARROC-ID, VARROC-OOD).

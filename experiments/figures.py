@@ -32,7 +32,7 @@ from matplotlib.figure import Figure
 
 from experiments.runs import results_dir
 from ripieno.framework.cli import main as ripieno
-from ripieno.framework.cli.recipes import find_recipe
+from ripieno.framework.runner.recipes import find_recipe
 
 
 def _save(fig: Figure, path: Path) -> Path:

@@ -42,8 +42,8 @@ from experiments.runs import (
     resolve_recipe,
     results_dir,
 )
-from ripieno.framework.cli.recipes import find_recipe
 from ripieno.framework.mcover.collapse import COLLAPSE_RULES
+from ripieno.framework.runner.recipes import find_recipe
 
 #: family -> the routed model's recipe (exact routing; swept over sigma), ``ours`` (label ->
 #: (recipe, overrides): the block-message approximation at the recipe's sigma) and the

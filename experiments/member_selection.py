@@ -30,7 +30,7 @@ from typing import Any
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from experiments.runs import format_table, make_cli, quiet_lightning, results_dir, write_csv
-from ripieno.framework.cli.recipes import find_recipe
+from ripieno.framework.runner.recipes import find_recipe
 
 DEFAULT_RECIPES = ("tabular/lometab_churn", "tabular/lometab_diamonds", "tabular/lometab_hpc")
 METRICS = {"classification": ("test/nll", "test/accuracy"), "regression": ("test/rmse",)}

@@ -26,7 +26,7 @@ import pandas as pd
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from experiments.runs import make_cli, normalize_overrides, quiet_lightning, resolve_recipe, results_dir
-from ripieno.framework.cli.recipes import find_recipe
+from ripieno.framework.runner.recipes import find_recipe
 
 
 def run_recipe(recipe: str | Path, seed: int, out: Path, overrides: Sequence[str] = ()) -> dict[str, Any]:

@@ -12,7 +12,7 @@ changes that make repeated in-process runs clean and comparable:
   :class:`ValidationRecorder` that keeps every validation's metrics.
 
 Recipes are found as ``ripieno fit -c`` finds them (a shipped name such as
-``tabular/lometab_churn`` or a path, see :func:`ripieno.framework.cli.recipes.find_recipe`), the
+``tabular/lometab_churn`` or a path, see :func:`ripieno.framework.runner.recipes.find_recipe`), the
 command line is handed to ``RipienoCLI`` through its ``args`` parameter (``sys.argv`` is never
 touched), and default outputs go under the repository's ``docs/results`` whatever the current
 folder is. Importing this module changes nothing in the process (environment, warnings,
@@ -35,10 +35,10 @@ import yaml
 from lightning.pytorch.callbacks import Callback
 
 from ripieno.callbacks.diversity_monitor import DiversityMonitor
-from ripieno.framework.cli.command import RipienoCLI, quiet_cli_notices
-from ripieno.framework.cli.recipes import RecipeNotFoundError, find_recipe
 from ripieno.framework.messages import quiet_lightning as framework_quiet_lightning
 from ripieno.framework.outputs.output_files import atomic_output
+from ripieno.framework.runner.command import RipienoCLI, quiet_cli_notices
+from ripieno.framework.runner.recipes import RecipeNotFoundError, find_recipe
 
 TaskFamily = Literal["classification", "regression"]
 

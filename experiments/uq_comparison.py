@@ -40,7 +40,7 @@ from ripieno.callbacks import (
     SamplerEvaluation,
     SWAGSampler,
 )
-from ripieno.framework.cli.command import RipienoCLI
+from ripieno.framework.runner.command import RipienoCLI
 
 DEFAULT_RECIPE = "uq/ll_glm_fashion_mnist"
 GRID = [0.01, 0.1, 1.0, 10.0, 100.0, 1000.0]

@@ -26,25 +26,25 @@ from ripieno.framework.errors import REMOVED_IN, RipienoDeprecationWarning
 
 MOVED: dict[str, str | tuple[str, ...]] = {
     "ripieno.framework.checkpoint_io": "ripieno.framework.outputs.checkpoint_io",
-    "ripieno.framework.config_errors": "ripieno.framework.cli.config_errors",
-    "ripieno.framework.error_lines": "ripieno.framework.cli.error_lines",
+    "ripieno.framework.config_errors": "ripieno.framework.runner.config_errors",
+    "ripieno.framework.error_lines": "ripieno.framework.runner.error_lines",
     "ripieno.framework.estimators": "ripieno.framework.methods.estimators",
     "ripieno.framework.generated_folders": "ripieno.framework.outputs.generated_folders",
     "ripieno.framework.image_spec": "ripieno.framework.specs.image",
     "ripieno.framework.model_folder": "ripieno.framework.backbones.model_folder",
-    "ripieno.framework.monitor_check": "ripieno.framework.cli.monitor_check",
-    "ripieno.framework.optimizer_config": "ripieno.framework.cli.optimizer_config",
+    "ripieno.framework.monitor_check": "ripieno.framework.runner.monitor_check",
+    "ripieno.framework.optimizer_config": "ripieno.framework.runner.optimizer_config",
     "ripieno.framework.output_files": "ripieno.framework.outputs.output_files",
     "ripieno.framework.prediction_table": "ripieno.framework.outputs.prediction_table",
     "ripieno.framework.quiet": "ripieno.framework.messages",
-    "ripieno.framework.recipes": "ripieno.framework.cli.recipes",
-    "ripieno.framework.resume_check": "ripieno.framework.cli.resume_check",
-    "ripieno.framework.run_folders": "ripieno.framework.cli.run_folders",
-    "ripieno.framework.run_logs": "ripieno.framework.cli.run_logs",
+    "ripieno.framework.recipes": "ripieno.framework.runner.recipes",
+    "ripieno.framework.resume_check": "ripieno.framework.runner.resume_check",
+    "ripieno.framework.run_folders": "ripieno.framework.runner.run_folders",
+    "ripieno.framework.run_logs": "ripieno.framework.runner.run_logs",
     "ripieno.framework.schedules": "ripieno.framework.methods.schedules",
     "ripieno.framework.select_members_cli": "ripieno.framework.cli.select_members",
     "ripieno.framework.sklearn_state": "ripieno.framework.specs.sklearn_state",
-    "ripieno.framework.spawn_results": "ripieno.framework.cli.spawn_results",
+    "ripieno.framework.spawn_results": "ripieno.framework.runner.spawn_results",
     "ripieno.framework.tabular_preprocessing": "ripieno.framework.specs.tabular_preprocessing",
     "ripieno.framework.tabular_spec": "ripieno.framework.specs.tabular",
     "ripieno.framework.text_spec": "ripieno.framework.specs.text",
@@ -57,6 +57,47 @@ MOVED: dict[str, str | tuple[str, ...]] = {
     "ripieno.framework.loes.features": ("ripieno.framework.loes.extraction",
                                         "ripieno.framework.loes.feature_cache",
                                         "ripieno.framework.backbones.loading"),
+    # framework/cli/ split into the runner (RipienoCLI and its checks), the tuning and benchmark
+    # engines and the command-line door (after ripieno 0.1.0)
+    "ripieno.framework.cli.checkpoint_request": "ripieno.framework.runner.checkpoint_request",
+    "ripieno.framework.cli.command": "ripieno.framework.runner.command",
+    "ripieno.framework.cli.config_errors": "ripieno.framework.runner.config_errors",
+    "ripieno.framework.cli.error_lines": "ripieno.framework.runner.error_lines",
+    "ripieno.framework.cli.fingerprints": "ripieno.framework.runner.fingerprints",
+    "ripieno.framework.cli.help_text": "ripieno.framework.runner.help_text",
+    "ripieno.framework.cli.interrupts": "ripieno.framework.runner.interrupts",
+    "ripieno.framework.cli.lightning_private": "ripieno.framework.runner.lightning_private",
+    "ripieno.framework.cli.monitor_check": "ripieno.framework.runner.monitor_check",
+    "ripieno.framework.cli.moved_arguments": "ripieno.framework.runner.moved_arguments",
+    "ripieno.framework.cli.nested_nulls": "ripieno.framework.runner.nested_nulls",
+    "ripieno.framework.cli.optimizer_config": "ripieno.framework.runner.optimizer_config",
+    "ripieno.framework.cli.process_group_exit": "ripieno.framework.runner.process_group_exit",
+    "ripieno.framework.cli.recipes": "ripieno.framework.runner.recipes",
+    "ripieno.framework.cli.resume_check": "ripieno.framework.runner.resume_check",
+    "ripieno.framework.cli.run_folders": "ripieno.framework.runner.run_folders",
+    "ripieno.framework.cli.run_logs": "ripieno.framework.runner.run_logs",
+    "ripieno.framework.cli.section_instantiator": "ripieno.framework.runner.section_instantiator",
+    "ripieno.framework.cli.spawn_results": "ripieno.framework.runner.spawn_results",
+    "ripieno.framework.cli.store_folders": "ripieno.framework.runner.store_folders",
+    "ripieno.framework.cli.yaml_files": "ripieno.framework.runner.yaml_files",
+    "ripieno.framework.cli.tune": "ripieno.framework.tuning",
+    "ripieno.framework.cli.tune.ddp_trials": "ripieno.framework.runner.ddp_trials",
+    "ripieno.framework.cli.tune.results": "ripieno.framework.tuning.results",
+    "ripieno.framework.cli.tune.space": "ripieno.framework.tuning.space",
+    "ripieno.framework.cli.tune.study_storage": "ripieno.framework.tuning.study_storage",
+    "ripieno.framework.cli.tune.trial_run": "ripieno.framework.tuning.trial_run",
+    "ripieno.framework.cli.tune.trial_seeds": "ripieno.framework.tuning.trial_seeds",
+    "ripieno.framework.cli.tune.worker": "ripieno.framework.tuning.worker",
+    "ripieno.framework.cli.tune.command": ("ripieno.framework.cli.tune_command",
+                                           "ripieno.framework.tuning.study"),
+    "ripieno.framework.cli.benchmark": "ripieno.framework.benchmark",
+    "ripieno.framework.cli.benchmark.cells": "ripieno.framework.benchmark.cells",
+    "ripieno.framework.cli.benchmark.config": "ripieno.framework.benchmark.config",
+    "ripieno.framework.cli.benchmark.models": "ripieno.framework.benchmark.models",
+    "ripieno.framework.cli.benchmark.report": "ripieno.framework.benchmark.report",
+    "ripieno.framework.cli.benchmark.uncertainty": "ripieno.framework.benchmark.uncertainty",
+    "ripieno.framework.cli.benchmark.command": ("ripieno.framework.cli.benchmark_command",
+                                                "ripieno.framework.benchmark.run"),
 }
 
 
@@ -97,8 +138,16 @@ class MovedModuleFinder(importlib.abc.MetaPathFinder):
 
     def find_spec(self, fullname: str, path: Sequence[str] | None = None,
                   target: types.ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
-        """A spec for an old path, else ``None``."""
+        """A spec for an old path, else ``None``.
+
+        Raises:
+            ModuleNotFoundError: a name under an old package path that never existed there
+                (``ripieno.framework.cli.tune.study``): the path finder would load the new
+                package's module a second time under it.
+        """
         if fullname not in MOVED:
+            if fullname.rpartition(".")[0] in MOVED:
+                raise ModuleNotFoundError(f"No module named {fullname!r}", name=fullname)
             return None
         return importlib.machinery.ModuleSpec(fullname, _MovedModuleLoader())
 
@@ -118,6 +167,11 @@ def importer_stacklevel() -> int:
 
 
 def install() -> None:
-    """Put one ``MovedModuleFinder`` on ``sys.meta_path`` (idempotent)."""
+    """Put one ``MovedModuleFinder`` first on ``sys.meta_path`` (idempotent).
+
+    First, not last: an old package path (``ripieno.framework.cli.tune``) answers with the new
+    package, whose ``__path__`` the path finder would search for ``ripieno.framework.cli.tune.space``
+    and load ``tuning/space.py`` a second time under the old name. The finder answers only ``MOVED``.
+    """
     if not any(isinstance(finder, MovedModuleFinder) for finder in sys.meta_path):
-        sys.meta_path.append(MovedModuleFinder())
+        sys.meta_path.insert(0, MovedModuleFinder())

@@ -13,12 +13,12 @@ import pytest
 import yaml
 from optuna.trial import TrialState
 
-from ripieno.framework.cli.benchmark import cells
-from ripieno.framework.cli.benchmark.config import load_benchmark
-from ripieno.framework.cli.benchmark.models import scores
-from ripieno.framework.cli.benchmark.report import compare, overall, ranks, summary
+from ripieno.framework.benchmark import cells
+from ripieno.framework.benchmark.config import load_benchmark
+from ripieno.framework.benchmark.models import scores
+from ripieno.framework.benchmark.report import compare, overall, ranks, summary
 from ripieno.framework.cli.main import main
-from ripieno.framework.cli.recipes import list_recipes
+from ripieno.framework.runner.recipes import list_recipes
 
 TINY = {"k": 2, "n_blocks": 1, "d_block": 16, "max_epochs": 2, "patience": 2, "n_bins": 8, "batch_size": 128}
 
@@ -188,7 +188,7 @@ def test_an_output_folder_of_other_files_is_refused_before_any_fit(tmp_path, tin
 
 
 def test_a_base_file_that_leads_back_to_itself_is_one_line(tmp_path):
-    from ripieno.framework.cli.benchmark.config import BenchmarkConfigError
+    from ripieno.framework.benchmark.config import BenchmarkConfigError
 
     first, second = tmp_path / "a.yaml", tmp_path / "b.yaml"
     first.write_text(f"base: {second}\n")
@@ -221,7 +221,7 @@ def test_a_bad_benchmark_file_is_one_line_before_any_fit(tmp_path, change, expec
 
 def test_shipped_benchmarks_parse_and_are_not_recipes():
     from ripieno.datamodules.tabular_sources import BENCHMARK_SUITE, SOURCES
-    from ripieno.framework.cli.benchmark.config import list_benchmarks
+    from ripieno.framework.benchmark.config import list_benchmarks
 
     names = list_benchmarks()
     assert {"benchmarks/tabular_ci", "benchmarks/tabular_cpu", "benchmarks/tabular_paper"} <= set(names)

@@ -7,9 +7,9 @@ import pandas as pd
 import pytest
 from scipy.stats import norm
 
-from ripieno.framework.cli.benchmark.config import load_benchmark
-from ripieno.framework.cli.benchmark.models import ModelSpec, fit_and_score
-from ripieno.framework.cli.benchmark.uncertainty import (
+from ripieno.framework.benchmark.config import load_benchmark
+from ripieno.framework.benchmark.models import ModelSpec, fit_and_score
+from ripieno.framework.benchmark.uncertainty import (
     SCORE_LEVELS,
     ConformalSettings,
     calibration_splits,

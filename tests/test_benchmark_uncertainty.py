@@ -10,23 +10,23 @@ import pytest
 from scipy.stats import norm
 from sklearn.metrics import brier_score_loss
 
-from ripieno.framework.cli.benchmark import cells
-from ripieno.framework.cli.benchmark.config import BenchmarkConfigError, load_benchmark
-from ripieno.framework.cli.benchmark.models import ModelSpec, fit_and_score, scores
-from ripieno.framework.cli.benchmark.report import (
+from ripieno.framework.benchmark import cells
+from ripieno.framework.benchmark.config import BenchmarkConfigError, load_benchmark
+from ripieno.framework.benchmark.models import ModelSpec, fit_and_score, scores
+from ripieno.framework.benchmark.report import (
     coverage_figure,
     metric_ranks,
     uncertainty_markdown,
     uncertainty_means,
 )
-from ripieno.framework.cli.benchmark.uncertainty import (
+from ripieno.framework.benchmark.uncertainty import (
     ConformalSettings,
     calibration_scores,
     calibration_splits,
     distribution_scores,
 )
-from ripieno.framework.cli.fingerprints import first_difference
 from ripieno.framework.cli.main import main
+from ripieno.framework.runner.fingerprints import first_difference
 from ripieno.framework.specs.table_splits import TableSplits
 
 
@@ -295,7 +295,7 @@ def test_uncertainty_ranks_are_lower_is_better_per_metric_and_coverage_is_shown_
 
 
 def test_the_predictive_distribution_hook_is_used_only_where_it_gives_one():
-    from ripieno.framework.cli.benchmark.models import _distribution
+    from ripieno.framework.benchmark.models import _distribution
 
     class Gaussian:
         def predictive_distribution(self, x):
@@ -313,7 +313,7 @@ def test_the_predictive_distribution_hook_is_used_only_where_it_gives_one():
 
 
 def test_an_ensemble_with_a_gaussian_head_is_scored_as_its_members_mixture():
-    from ripieno.framework.cli.benchmark.models import _distribution
+    from ripieno.framework.benchmark.models import _distribution
     from ripieno.framework.methods.estimators import EnsembleRegressor
 
     rng = np.random.default_rng(0)

@@ -20,9 +20,10 @@ import pandas as pd
 import pytest
 import torch
 
-from ripieno.framework.cli import checkpoint_request, main
-from ripieno.framework.cli.checkpoint_request import CheckpointMismatchError, CheckpointRequest
-from ripieno.framework.cli.resume_check import IGNORED_KEYS
+from ripieno.framework.cli import main
+from ripieno.framework.runner import checkpoint_request
+from ripieno.framework.runner.checkpoint_request import CheckpointMismatchError, CheckpointRequest
+from ripieno.framework.runner.resume_check import IGNORED_KEYS
 
 QUIET = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
 

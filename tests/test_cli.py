@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from ripieno.framework.cli import main
-from ripieno.framework.cli.command import resolve_config_args
-from ripieno.framework.cli.recipes import RECIPES_DIR, RecipeNotFoundError, find_recipe, list_recipes
+from ripieno.framework.runner.command import resolve_config_args
+from ripieno.framework.runner.recipes import RECIPES_DIR, RecipeNotFoundError, find_recipe, list_recipes
 
 ROOT = Path(__file__).resolve().parents[1]
 LOMETAB = RECIPES_DIR / "tabular" / "lometab_churn.yaml"

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from ripieno.framework.cli import main
-from ripieno.framework.cli.config_errors import explain_config_error
+from ripieno.framework.runner.config_errors import explain_config_error
 
 
 def _first_line(args: list[str], capsys: pytest.CaptureFixture) -> str:

@@ -20,7 +20,7 @@ from experiments import (
     uq_comparison,
 )
 from experiments.runs import prepare_recipe, results_dir, shown_path
-from ripieno.framework.cli.recipes import find_recipe
+from ripieno.framework.runner.recipes import find_recipe
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "docs" / "results"
@@ -109,7 +109,7 @@ def test_runs_pass_args_and_leave_sys_argv_alone(tmp_path, monkeypatch):
 def test_importing_experiments_changes_nothing_in_the_process():
     """No environment variable, warning filter or torch thread count is set at import."""
     code = (
-        "import os, warnings, torch, lightning, pandas, matplotlib.figure, ripieno.framework.cli.command\n"
+        "import os, warnings, torch, lightning, pandas, matplotlib.figure, ripieno.framework.runner.command\n"
         "import ripieno.callbacks, ripieno.framework.mcover.perceptron\n"
         "env, filters, threads = dict(os.environ), list(warnings.filters), torch.get_num_threads()\n"
         "import experiments.diversity_sweep, experiments.diversity_over_training, experiments.recipe_table\n"

@@ -131,7 +131,7 @@ def test_a_callable_model_needs_an_id(tmp_path):
 def test_cli_extraction_bar_follows_the_trainers():
     from jsonargparse import Namespace
 
-    from ripieno.framework.cli.command import _data_progress_follows_trainer
+    from ripieno.framework.runner.command import _data_progress_follows_trainer
 
     for enabled, expected in ((False, False), (True, True), (None, True)):
         config = Namespace(data=Namespace(init_args=Namespace(progress=None)),

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from ripieno.framework.cli.error_lines import one_line_error
 from ripieno.framework.errors import RipienoInputError
 from ripieno.framework.extras import EXTRAS, MissingExtraError, require
+from ripieno.framework.runner.error_lines import one_line_error
 
 HIDDEN = sorted({module.split(".")[0] for modules in EXTRAS.values() for module in modules})
 

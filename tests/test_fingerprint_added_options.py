@@ -4,7 +4,7 @@ Oracle: ``first_difference`` of two resolved configs; the default's claim (old b
 is tested where the option lives (``tests/test_distributional_heads.py``, ``test_conformal_callback``).
 """
 
-from ripieno.framework.cli.fingerprints import ADDED_OPTION_DEFAULTS, first_difference
+from ripieno.framework.runner.fingerprints import ADDED_OPTION_DEFAULTS, first_difference
 
 
 def test_an_added_option_at_its_default_is_no_change_and_any_other_value_is():

@@ -17,9 +17,9 @@ import lightning as L
 import pytest
 
 from ripieno.callbacks import NonFiniteGuard
-from ripieno.framework.cli.command import RipienoCLI
-from ripieno.framework.cli.recipes import find_recipe
 from ripieno.framework.host_syncs import HostSync, HostSyncCounter
+from ripieno.framework.runner.command import RipienoCLI
+from ripieno.framework.runner.recipes import find_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
 

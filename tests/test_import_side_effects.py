@@ -53,7 +53,7 @@ def test_importing_every_module_changes_nothing_in_the_process():
     done = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    assert "ripieno.framework.cli.command" in result["modules"]
+    assert "ripieno.framework.runner.command" in result["modules"]
     assert "ripieno.datamodules.audio" in result["modules"]
     assert len(result["modules"]) > 40
     changed = result["changed"]

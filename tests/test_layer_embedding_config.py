@@ -28,7 +28,7 @@ from ripieno.datamodules.layer_embedding_config import (
 )
 from ripieno.datamodules.layer_embeddings import backbone_preprocessing
 from ripieno.framework.cli import main
-from ripieno.framework.cli.command import RipienoCLI
+from ripieno.framework.runner.command import RipienoCLI
 
 RECIPE = "loes/text_gpt2_loes"
 

@@ -22,10 +22,10 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.strategies import DDPStrategy
 
-from ripieno.framework.cli import lightning_private as door
-from ripieno.framework.cli.command import RipienoCLI
 from ripieno.framework.cli.select_members import _SelectMembersCLI
-from ripieno.framework.cli.tune.trial_run import TrialCLI
+from ripieno.framework.runner import lightning_private as door
+from ripieno.framework.runner.command import RipienoCLI
+from ripieno.framework.tuning.trial_run import TrialCLI
 
 
 def _owner(entry: door.PrivateName) -> object:
@@ -69,7 +69,7 @@ def _instance_with_attributes(owner: type, tmp_path) -> object:
 
 def _moved(entry: door.PrivateName) -> str:
     return (f"Lightning {lightning.__version__} moved {entry.owner}.{entry.name} ({entry.used_for});"
-            f" checked on {door.CHECKED_ON}: update framework/cli/lightning_private.py")
+            f" checked on {door.CHECKED_ON}: update framework/runner/lightning_private.py")
 
 
 @pytest.mark.parametrize("entry", door.PRIVATE_NAMES, ids=lambda e: f"{e.owner}.{e.name}")

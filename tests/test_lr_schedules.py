@@ -20,12 +20,12 @@ from transformers import (
 
 from ripieno.framework import TabularEnsembleModule
 from ripieno.framework.cli import main
-from ripieno.framework.cli.optimizer_config import (
+from ripieno.framework.methods.schedules import ScheduleError, WarmupCosineLR, WarmupLinearLR
+from ripieno.framework.runner.optimizer_config import (
     OptimizerConfigError,
     attach_optimizer_config,
     scheduler_interval,
 )
-from ripieno.framework.methods.schedules import ScheduleError, WarmupCosineLR, WarmupLinearLR
 
 SMALL = ["--data.init_args.max_rows=300", "--data.init_args.loader.batch_size=32", "--model.init_args.k=2",
          "--model.init_args.d_block=16", "--trainer.max_epochs=2", "--trainer.log_every_n_steps=1",

@@ -15,8 +15,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from ripieno.callbacks import NonFiniteGuard
 from ripieno.framework.cli import main
-from ripieno.framework.cli.command import refuse_non_finite_best
 from ripieno.framework.errors import NonFiniteTrainingError
+from ripieno.framework.runner.command import refuse_non_finite_best
 
 HERE = Path(__file__).resolve()
 

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from ripieno.framework.cli.recipes import list_benchmarks, list_recipes
-from ripieno.framework.cli.tune.space import list_spaces
+from ripieno.framework.runner.recipes import list_benchmarks, list_recipes
+from ripieno.framework.tuning.space import list_spaces
 
 ROOT = Path(__file__).resolve().parents[1]
 # What the build reads: pyproject.toml, the README (long description) and every folder a package

@@ -7,8 +7,8 @@ import pytest
 import torch
 from lightning.pytorch.strategies.launchers import multiprocessing as lightning_launchers
 
-from ripieno.framework.cli.process_group_exit import close_process_group
-from ripieno.framework.cli.spawn_results import ResultsKeepingLauncher, keep_spawned_results
+from ripieno.framework.runner.process_group_exit import close_process_group
+from ripieno.framework.runner.spawn_results import ResultsKeepingLauncher, keep_spawned_results
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ import yaml
 from jsonargparse import Namespace
 
 from ripieno.framework.cli import main
-from ripieno.framework.cli.run_folders import claim_logger_versions, claim_version
+from ripieno.framework.runner.run_folders import claim_logger_versions, claim_version
 
 HERE = Path(__file__).resolve()
 REPEATS = 10

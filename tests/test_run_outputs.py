@@ -22,7 +22,7 @@ import torch
 from helpers.signals import interruptible
 
 from ripieno.framework.cli import main
-from ripieno.framework.cli.run_logs import event_files, merge_event_files
+from ripieno.framework.runner.run_logs import event_files, merge_event_files
 
 SMALL = ["--data.init_args.max_rows=600", "--trainer.enable_progress_bar=false",
          "--trainer.enable_model_summary=false"]

@@ -27,9 +27,9 @@ import yaml
 from helpers.signals import interruptible
 from sklearn.datasets import load_breast_cancer, load_wine
 
-from ripieno.framework.cli.benchmark.report import compare, ranks, render, summary
+from ripieno.framework.benchmark.report import compare, ranks, render, summary
 from ripieno.framework.cli.main import main
-from ripieno.framework.cli.tune.study_storage import counts
+from ripieno.framework.tuning.study_storage import counts
 
 WINE = "tabular/lometab_wine"
 FAST = ["--trainer.max_epochs=2", "--model.init_args.k=4", "--model.init_args.d_block=32"]
@@ -241,7 +241,7 @@ def test_a_tune_option_out_of_range_is_one_line_before_anything(
 
 
 def test_store_creation_by_commands_started_together_works_for_each(tmp_path):
-    from ripieno.framework.cli.tune.study_storage import open_storage
+    from ripieno.framework.tuning.study_storage import open_storage
 
     context = multiprocessing.get_context("fork")
     for attempt in range(3):  # without the retry, at least one of three rounds failed in 4 of 5 tries

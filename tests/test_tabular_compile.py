@@ -174,7 +174,7 @@ def test_modules_of_other_shapes_do_not_share_the_recompile_limit(monkeypatch):
 
 def test_a_checkpoint_is_not_refused_for_its_compile_setting():
     """compile changes how the network runs, not what it is: no mismatch, also for older checkpoints."""
-    from ripieno.framework.cli.resume_check import compare_hparams
+    from ripieno.framework.runner.resume_check import compare_hparams
 
     config = {"_class_path": "ripieno.framework.TabularEnsembleModule", "k": 8, "compile": False,
               "compile_mode": "default"}

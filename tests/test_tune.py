@@ -23,16 +23,16 @@ import optuna
 import pytest
 
 from ripieno.framework.cli.main import main
-from ripieno.framework.cli.recipes import list_recipes
-from ripieno.framework.cli.tune.command import check_space
-from ripieno.framework.cli.tune.space import (
+from ripieno.framework.runner.recipes import list_recipes
+from ripieno.framework.tuning.space import (
     SearchSpace,
     SearchSpaceError,
     default_space,
     find_space,
     list_spaces,
 )
-from ripieno.framework.cli.tune.study_storage import counts
+from ripieno.framework.tuning.study import check_space
+from ripieno.framework.tuning.study_storage import counts
 
 WINE = "tabular/lometab_wine"
 SMALL_SPACE = """\
@@ -130,8 +130,8 @@ def test_every_shipped_space_suits_a_shipped_recipe_and_parses_with_it():
 
 
 def test_pruner_warmup_reaches_the_median_pruner():
-    from ripieno.framework.cli.tune.command import build_parser
-    from ripieno.framework.cli.tune.worker import make_pruner
+    from ripieno.framework.cli.tune_command import build_parser
+    from ripieno.framework.tuning.worker import make_pruner
 
     options = build_parser().parse_args(["-c", "tabular/lometab_wine", "--pruner_warmup", "7"])
     pruner = make_pruner("median", options.pruner_warmup)

@@ -31,7 +31,7 @@ DATA_LINE = re.compile(r"ripieno: error: .*(pip install --no-deps [\w.=-]+|apt-g
 FIRST_SECONDS = r"""
 import json, sys
 from ripieno.framework.cli.main import main
-from ripieno.framework.cli.recipes import list_recipes
+from ripieno.framework.runner.recipes import list_recipes
 own = {"tabular/lometab_csv": ["--data.init_args.path=own.csv", "--data.init_args.target=target"]}
 outcome = {}
 for recipe in list_recipes():

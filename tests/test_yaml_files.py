@@ -22,8 +22,8 @@ import yaml
 from jsonargparse import ArgumentParser, get_loader
 
 from ripieno.framework.cli import main
-from ripieno.framework.cli.command import RipienoCLI, quiet_cli_notices, resolve_config_args
-from ripieno.framework.cli.yaml_files import (
+from ripieno.framework.runner.command import RipienoCLI, quiet_cli_notices, resolve_config_args
+from ripieno.framework.runner.yaml_files import (
     BOUNDED_YAML_MODE,
     MAX_FILE_BYTES,
     InvalidYamlError,
@@ -180,7 +180,7 @@ def test_print_config_is_what_jsonargparse_yaml_mode_prints(tmp_path, capsys):
 
 
 def test_the_bounded_mode_is_registered_by_the_command_and_leaves_yaml_mode_alone():
-    importing = ("import jsonargparse._loaders_dumpers as l, ripieno.framework.cli.command, "
+    importing = ("import jsonargparse._loaders_dumpers as l, ripieno.framework.runner.command, "
                  "ripieno.framework.cli.main; print(sorted(l.loaders))")
     done = subprocess.run([sys.executable, "-c", importing], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]

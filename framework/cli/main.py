@@ -108,14 +108,14 @@ def _run(args: list[str]) -> None:
 
         for module in ("optuna", "optuna_integration"):  # imported only by this command
             require("tune", module, "ripieno tune")
-        from ripieno.framework.cli.tune.command import tune_main
+        from ripieno.framework.cli.tune_command import tune_main
 
         tune_main(args[1:])
     elif first == "benchmark":
         from ripieno.framework.extras import require
 
         require("benchmark", "optuna", "ripieno benchmark")  # imported only by this command
-        from ripieno.framework.cli.benchmark.command import benchmark_main
+        from ripieno.framework.cli.benchmark_command import benchmark_main
 
         benchmark_main(args[1:])
     elif first == "select_members":
@@ -144,9 +144,9 @@ def _recipes(args: list[str]) -> None:
 
 def _lightning(args: list[str]) -> None:
     """``fit`` / ``validate`` / ``test`` / ``predict`` through ``RipienoCLI``, errors in one line."""
-    from ripieno.framework.cli.command import RipienoCLI, quiet_cli_notices
-    from ripieno.framework.cli.error_lines import one_line_error
-    from ripieno.framework.cli.recipes import RecipeNotFoundError, resolve_config_args
+    from ripieno.framework.runner.command import RipienoCLI, quiet_cli_notices
+    from ripieno.framework.runner.error_lines import one_line_error
+    from ripieno.framework.runner.recipes import RecipeNotFoundError, resolve_config_args
 
     try:
         args = resolve_config_args(args)
@@ -167,7 +167,7 @@ def _lightning(args: list[str]) -> None:
 
 def print_recipes() -> None:
     """Print every shipped recipe's name and one-line description."""
-    from ripieno.framework.cli.recipes import list_benchmarks, list_recipes
+    from ripieno.framework.runner.recipes import list_benchmarks, list_recipes
 
     recipes = list_recipes()
     width = max(len(r.name) for r in recipes)
@@ -176,7 +176,7 @@ def print_recipes() -> None:
     for recipe in recipes:
         text = recipe.description
         print(f"  {recipe.name:<{width}}  {text if len(text) <= room else text[: room - 3] + '...'}")
-    from ripieno.framework.cli.tune.space import list_spaces
+    from ripieno.framework.tuning.space import list_spaces
 
     print("\nSearch spaces (`ripieno tune -c RECIPE` takes the one that suits it; `--space NAME` another):")
     for space in list_spaces():

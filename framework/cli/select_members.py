@@ -37,15 +37,15 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from typing_extensions import override
 
 from ripieno.framework.checkpoint_file import CheckpointFileError
-from ripieno.framework.cli.checkpoint_request import CheckpointRequest
-from ripieno.framework.cli.command import CONFIG_FLAGS, RipienoCLI, quiet_cli_notices, resolve_config_args
-from ripieno.framework.cli.error_lines import one_line_error
-from ripieno.framework.cli.help_text import plain
-from ripieno.framework.cli.lightning_private import current_checkpoint
-from ripieno.framework.cli.recipes import RecipeNotFoundError
 from ripieno.framework.errors import file_problem
 from ripieno.framework.methods.member_selection import METHODS, METRICS
 from ripieno.framework.outputs.output_files import atomic_output, write_new_file
+from ripieno.framework.runner.checkpoint_request import CheckpointRequest
+from ripieno.framework.runner.command import CONFIG_FLAGS, RipienoCLI, quiet_cli_notices, resolve_config_args
+from ripieno.framework.runner.error_lines import one_line_error
+from ripieno.framework.runner.help_text import plain
+from ripieno.framework.runner.lightning_private import current_checkpoint
+from ripieno.framework.runner.recipes import RecipeNotFoundError
 
 USAGE = ("ripieno select_members -c CONFIG --ckpt_path CKPT --k K [--method greedy|topk]"
          " [--metric loss|error] [--out FILE [--overwrite]] [config overrides ...]")

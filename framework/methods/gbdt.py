@@ -15,7 +15,7 @@ distributional forms:
   level), with the median as the point prediction.
 
 These are models, so they live with the other methods; ``ripieno benchmark``
-(``framework/cli/benchmark/models.py``) fits them beside ripieno's ensembles.
+(``framework/benchmark/models.py``) fits them beside ripieno's ensembles.
 
 Example:
     >>> QuantileBoosting((0.1, 0.5, 0.9), []).levels

@@ -3,7 +3,7 @@
 import lightning as L
 import torch
 
-from ripieno.framework.cli.process_group_exit import close_process_group_at_exit
+from ripieno.framework.runner.process_group_exit import close_process_group_at_exit
 
 
 class DestroyGlooAtExit(L.Callback):
@@ -13,7 +13,7 @@ class DestroyGlooAtExit(L.Callback):
     at interpreter shutdown, gloo's threads sometimes abort a worker ("terminate called
     without an active exception"): 2 of 12 reruns of the GeoReg ddp test before this, 0 of
     10 after. Add it to every ``ddp_spawn`` Trainer in the tests; the ``ripieno`` command's
-    own launcher closes the group itself (``framework/cli/process_group_exit.py``).
+    own launcher closes the group itself (``framework/runner/process_group_exit.py``).
     """
 
     def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:

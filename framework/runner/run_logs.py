@@ -36,8 +36,8 @@ from lightning.pytorch.loggers import Logger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from typing_extensions import override
 
-from ripieno.framework.cli.lightning_private import csv_logger_unstarted, set_csv_experiment
 from ripieno.framework.outputs.output_files import atomic_output
+from ripieno.framework.runner.lightning_private import csv_logger_unstarted, set_csv_experiment
 
 EVENTS_PREFIX = "events.out.tfevents."
 

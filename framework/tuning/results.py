@@ -27,16 +27,18 @@ import pandas as pd
 import yaml
 from optuna.trial import FrozenTrial, TrialState
 
-from ripieno.framework.cli.command import quiet_cli_notices
-from ripieno.framework.cli.tune.study_storage import ERROR_ATTR, RETRY_OF_ATTR, SURPLUS_ATTR
-from ripieno.framework.cli.tune.trial_run import (
+from ripieno.framework.messages import get_logger, quiet_lightning
+from ripieno.framework.outputs.output_files import atomic_output
+from ripieno.framework.runner.command import quiet_cli_notices
+from ripieno.framework.tuning.study_storage import ERROR_ATTR, RETRY_OF_ATTR, SURPLUS_ATTR
+from ripieno.framework.tuning.trial_run import (
     QUIET_TRIAL,
     TRIAL_WARNINGS,
     TrialCLI,
     override_args,
     recipe_config,
 )
-from ripieno.framework.cli.tune.worker import (
+from ripieno.framework.tuning.worker import (
     CONFIG_ATTR,
     EPOCHS_ATTR,
     FOLDER_ATTR,
@@ -47,8 +49,6 @@ from ripieno.framework.cli.tune.worker import (
     VALUES_ATTR,
     TuneSetup,
 )
-from ripieno.framework.messages import get_logger, quiet_lightning
-from ripieno.framework.outputs.output_files import atomic_output
 
 log = get_logger(__name__)
 

@@ -23,8 +23,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.trainer.states import TrainerFn
 from typing_extensions import override
 
-from ripieno.framework.cli.lightning_private import MultiProcessingLauncher, replace_spawn_launcher
-from ripieno.framework.cli.process_group_exit import close_process_group
+from ripieno.framework.runner.lightning_private import MultiProcessingLauncher, replace_spawn_launcher
+from ripieno.framework.runner.process_group_exit import close_process_group
 
 _KEY = "ripieno_fit_state"
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from lightning.pytorch.cli import LightningCLI
 
-from ripieno.framework.cli.lightning_private import InstantiatorFn, dump_config
+from ripieno.framework.runner.lightning_private import InstantiatorFn, dump_config
 
 
 class SectionInstantiator(InstantiatorFn):

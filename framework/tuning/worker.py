@@ -43,14 +43,16 @@ from optuna.trial import FrozenTrial, Trial, TrialState
 from optuna_integration import PyTorchLightningPruningCallback
 from typing_extensions import override
 
-from ripieno.framework.cli.command import quiet_cli_notices
-from ripieno.framework.cli.error_lines import one_line_error
-from ripieno.framework.cli.fingerprints import first_difference, without_keys
-from ripieno.framework.cli.interrupts import fits_interrupted
-from ripieno.framework.cli.run_folders import RunConfigSaver
-from ripieno.framework.cli.tune.ddp_trials import trial_command
-from ripieno.framework.cli.tune.space import SearchSpace
-from ripieno.framework.cli.tune.study_storage import (
+from ripieno.framework.errors import NonFiniteTrainingError, RipienoInputError, exception_chain, first_line
+from ripieno.framework.messages import get_logger, quiet_lightning
+from ripieno.framework.runner.command import quiet_cli_notices
+from ripieno.framework.runner.ddp_trials import trial_command
+from ripieno.framework.runner.error_lines import one_line_error
+from ripieno.framework.runner.fingerprints import first_difference, without_keys
+from ripieno.framework.runner.interrupts import fits_interrupted
+from ripieno.framework.runner.run_folders import RunConfigSaver
+from ripieno.framework.tuning.space import SearchSpace
+from ripieno.framework.tuning.study_storage import (
     ERROR_ATTR,
     SURPLUS_ATTR,
     JournalHeartbeat,
@@ -58,7 +60,7 @@ from ripieno.framework.cli.tune.study_storage import (
     open_storage,
     reap_stale_trials,
 )
-from ripieno.framework.cli.tune.trial_run import (
+from ripieno.framework.tuning.trial_run import (
     QUIET_TRIAL,
     TRIAL_WARNINGS,
     DataCache,
@@ -67,9 +69,7 @@ from ripieno.framework.cli.tune.trial_run import (
     finite,
     override_args,
 )
-from ripieno.framework.cli.tune.trial_seeds import TrialSeededSampler
-from ripieno.framework.errors import NonFiniteTrainingError, RipienoInputError, exception_chain, first_line
-from ripieno.framework.messages import get_logger, quiet_lightning
+from ripieno.framework.tuning.trial_seeds import TrialSeededSampler
 
 log = get_logger(__name__)
 

@@ -7,7 +7,7 @@ folder, with or without ``.yaml`` (``tabular/lometab_churn``); its description i
 comment line.
 
 Example:
-    >>> from ripieno.framework.cli.recipes import find_recipe
+    >>> from ripieno.framework.runner.recipes import find_recipe
     >>> find_recipe("tabular/lometab_churn").name
     'lometab_churn.yaml'
 """

@@ -38,8 +38,8 @@ from typing import Any
 
 import yaml
 
-from ripieno.framework.cli.moved_arguments import regroup_moved_arguments
 from ripieno.framework.errors import RipienoInputError, file_problem, first_line
+from ripieno.framework.runner.moved_arguments import regroup_moved_arguments
 
 MAX_ALIAS_VALUES = 100_000
 """Most values (YAML nodes) that aliases may add to a file once expanded.

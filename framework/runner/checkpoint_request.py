@@ -37,8 +37,10 @@ import yaml
 from typing_extensions import override
 
 from ripieno.framework.checkpoint_file import lending_checkpoint, lent_checkpoint, read_checkpoint
-from ripieno.framework.cli.lightning_private import load_module_state, migrate_checkpoint
-from ripieno.framework.cli.resume_check import (
+from ripieno.framework.errors import RipienoInputError
+from ripieno.framework.outputs.checkpoint_io import AtomicCheckpointIO
+from ripieno.framework.runner.lightning_private import load_module_state, migrate_checkpoint
+from ripieno.framework.runner.resume_check import (
     CLASS_KEY,
     IGNORED_KEYS,
     Difference,
@@ -46,8 +48,6 @@ from ripieno.framework.cli.resume_check import (
     same_value,
     section_hparams,
 )
-from ripieno.framework.errors import RipienoInputError
-from ripieno.framework.outputs.checkpoint_io import AtomicCheckpointIO
 
 LIGHTNING_CKPT_NAMES = ("best", "last", "hpc", "registry")
 """``ckpt_path`` values that Lightning resolves itself rather than naming a file."""

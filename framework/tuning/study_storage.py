@@ -29,8 +29,8 @@ from optuna.storages import JournalStorage, RDBStorage, RetryHeartbeatStaleTrial
 from optuna.storages.journal import JournalFileBackend
 from optuna.trial import FrozenTrial, TrialState
 
-from ripieno.framework.cli.store_folders import check_storage_file
 from ripieno.framework.errors import RipienoInputError
+from ripieno.framework.runner.store_folders import check_storage_file
 
 ERROR_ATTR = "ripieno_error"
 """User attribute of a trial that failed by an error of its own (it counts; it is not retried)."""

@@ -44,23 +44,23 @@ import optuna
 from optuna.storages import RDBStorage
 from optuna.trial import FrozenTrial, Trial, TrialState
 
-from ripieno.framework.cli.benchmark.config import BenchmarkConfig, datamodule_class, fingerprint_data_args
-from ripieno.framework.cli.benchmark.models import PRIMARY, FitResult, fit_and_score
-from ripieno.framework.cli.benchmark.uncertainty import ConformalSettings, calibration_splits
-from ripieno.framework.cli.error_lines import one_line_error
-from ripieno.framework.cli.fingerprints import digest, first_difference
-from ripieno.framework.cli.tune.space import SearchSpace
-from ripieno.framework.cli.tune.study_storage import (
+from ripieno.framework.benchmark.config import BenchmarkConfig, datamodule_class, fingerprint_data_args
+from ripieno.framework.benchmark.models import PRIMARY, FitResult, fit_and_score
+from ripieno.framework.benchmark.uncertainty import ConformalSettings, calibration_splits
+from ripieno.framework.errors import RipienoInputError, first_line
+from ripieno.framework.messages import get_logger
+from ripieno.framework.runner.error_lines import one_line_error
+from ripieno.framework.runner.fingerprints import digest, first_difference
+from ripieno.framework.specs.table_splits import TableSplits, TableSplitsSource
+from ripieno.framework.tuning.space import SearchSpace
+from ripieno.framework.tuning.study_storage import (
     ERROR_ATTR,
     SURPLUS_ATTR,
     JournalHeartbeat,
     counts,
     reap_stale_trials,
 )
-from ripieno.framework.cli.tune.worker import tpe_sampler
-from ripieno.framework.errors import RipienoInputError, first_line
-from ripieno.framework.messages import get_logger
-from ripieno.framework.specs.table_splits import TableSplits, TableSplitsSource
+from ripieno.framework.tuning.worker import tpe_sampler
 
 log = get_logger(__name__)
 

@@ -48,7 +48,7 @@ from typing import Any
 
 import lightning as L
 
-from ripieno.framework.cli.benchmark.models import (
+from ripieno.framework.benchmark.models import (
     KINDS,
     QUANTILE_KINDS,
     QUANTILE_LEVELS,
@@ -56,13 +56,13 @@ from ripieno.framework.cli.benchmark.models import (
     check_params,
     check_quantile_levels,
 )
-from ripieno.framework.cli.benchmark.uncertainty import CALIBRATE_ON, ConformalSettings
-from ripieno.framework.cli.fingerprints import data_files
-from ripieno.framework.cli.recipes import BENCHMARKS_FOLDER, RECIPES_DIR
-from ripieno.framework.cli.recipes import list_benchmarks as _shipped
-from ripieno.framework.cli.tune.space import SearchSpace
-from ripieno.framework.cli.yaml_files import InvalidYamlError, YamlFileError, load_yaml
+from ripieno.framework.benchmark.uncertainty import CALIBRATE_ON, ConformalSettings
 from ripieno.framework.errors import RipienoInputError
+from ripieno.framework.runner.fingerprints import data_files
+from ripieno.framework.runner.recipes import BENCHMARKS_FOLDER, RECIPES_DIR
+from ripieno.framework.runner.recipes import list_benchmarks as _shipped
+from ripieno.framework.runner.yaml_files import InvalidYamlError, YamlFileError, load_yaml
+from ripieno.framework.tuning.space import SearchSpace
 
 BENCHMARKS_DIR = RECIPES_DIR / BENCHMARKS_FOLDER
 """Shipped benchmark files (``recipes/benchmarks``; in a wheel, ``ripieno/recipes/benchmarks``)."""

@@ -24,7 +24,7 @@ What cannot work stops before training with one line (``OptimizerConfigError``).
 Example:
     >>> import lightning as L
     >>> import torch
-    >>> from ripieno.framework.cli.optimizer_config import attach_optimizer_config
+    >>> from ripieno.framework.runner.optimizer_config import attach_optimizer_config
     >>> class Tiny(L.LightningModule):
     ...     def __init__(self) -> None:
     ...         super().__init__()

@@ -32,7 +32,6 @@ from lightning.pytorch.cli import SaveConfigCallback
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 from typing_extensions import override
 
-from ripieno.framework.cli.lightning_private import launcher_rank, logger_version, set_logger_version
 from ripieno.framework.errors import RipienoInputError, file_problem
 from ripieno.framework.outputs.output_files import (
     OutputWriteError,
@@ -40,6 +39,7 @@ from ripieno.framework.outputs.output_files import (
     os_error_message,
     write_new_file,
 )
+from ripieno.framework.runner.lightning_private import launcher_rank, logger_version, set_logger_version
 
 VERSION_FOLDER = re.compile(r"version_(\d+)")
 FILE_LOGGERS = (CSVLogger, TensorBoardLogger)

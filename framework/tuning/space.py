@@ -37,9 +37,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ripieno.framework.cli.recipes import RECIPES_DIR, SUFFIXES
-from ripieno.framework.cli.yaml_files import InvalidYamlError, YamlFileError, load_yaml, read_yaml_text
 from ripieno.framework.errors import RipienoInputError
+from ripieno.framework.runner.recipes import RECIPES_DIR, SUFFIXES
+from ripieno.framework.runner.yaml_files import InvalidYamlError, YamlFileError, load_yaml, read_yaml_text
 
 SPACES_DIR = RECIPES_DIR / "spaces"
 """Where the shipped search spaces are (``recipes/spaces`` in a checkout, ``ripieno/recipes/spaces``)."""

@@ -1,29 +1,34 @@
-"""``ripieno benchmark``: every model on every table of a benchmark file, resumable and shared.
+"""Every model on every table of a benchmark file, resumable and shared, as a library: ``run_benchmark``.
 
-``ripieno benchmark -c benchmarks/tabular_cpu`` fits each (data set, model, seed) cell of the file
-(``config``) once, records it in a store in the output folder (``runs/benchmark/<name>``), and writes
-``results.csv`` (one row per finished cell), ``report.md``, ``ranks.png`` and ``coverage.png``. Run
-the same command again to continue a stopped benchmark (finished cells are never rerun);
-``--workers N`` runs N processes here, and commands on several machines given one ``--storage``
-(``ripieno tune``'s storages: a database URL or a journal file on a shared disk) split the cells
-between them.
+``run_benchmark("benchmarks/tabular_cpu")`` fits each (data set, model, seed) cell of the file
+(``config``) once, records it in a store in the output folder (``runs/benchmark/<name>``), writes
+``results.csv`` (one row per finished cell), ``report.md``, ``ranks.png`` and ``coverage.png``, and
+returns them with the results table. Calling it again continues a stopped benchmark (finished cells
+are never rerun); ``workers=N`` runs N processes here, and calls on several machines given one
+``storage`` (``ripieno tune``'s storages: a database URL or a journal file on a shared disk) split
+the cells between them. ``ripieno benchmark`` (``ripieno.framework.cli.benchmark_command``) is this
+function behind argparse.
 
 The output folder holds one benchmark and nothing of the user's (``store_folders``). Each cell
 records what decided its result (``cells.cell_fingerprint``): a rerun whose file changed a
-finished cell's model, data arguments, table or conformal settings is refused, naming the first change, unless
-``--refit_changed`` fits those cells again (the report says which). Ctrl-C stops the running cell
-(it runs again when the command is repeated), writes the report from the store and says so; a
-benchmark none of whose cells finished ends with a non-zero status.
+finished cell's model, data arguments, table or conformal settings is refused, naming the first
+change, unless ``refit_changed`` fits those cells again (the report says which). Ctrl-C stops the
+running cell (it runs again when the benchmark is repeated) and writes the report from the store.
+
+Example:
+    >>> from ripieno.framework.benchmark import run_benchmark  # doctest: +SKIP
+    >>> result = run_benchmark("benchmarks/tabular_cpu", datasets=["wine"],
+    ...                        out="runs/bench_wine")  # doctest: +SKIP
+    >>> result.results.groupby("model")["test_accuracy"].mean()  # doctest: +SKIP
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import multiprocessing
-import shlex
 import warnings
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,25 +36,24 @@ import optuna
 import pandas as pd
 from optuna.trial import FrozenTrial, TrialState
 
-from ripieno.framework.cli.benchmark import cells
-from ripieno.framework.cli.benchmark.config import (
+from ripieno.framework.benchmark import cells
+from ripieno.framework.benchmark.config import (
     BenchmarkConfig,
     datamodule_class,
-    list_benchmarks,
     load_benchmark,
     table_identity,
 )
-from ripieno.framework.cli.benchmark.models import GBDT_KINDS, PRIMARY, iteration_cap
-from ripieno.framework.cli.benchmark.report import coverage_figure, rank_figure, render, summary
-from ripieno.framework.cli.fingerprints import first_difference
-from ripieno.framework.cli.help_text import plain
-from ripieno.framework.cli.interrupts import fits_interrupted, join_workers, stop_with_parent
-from ripieno.framework.cli.store_folders import check_folder, claim_folder, folder_name
-from ripieno.framework.cli.tune.study_storage import ERROR_ATTR, check_storage, open_storage
+from ripieno.framework.benchmark.models import GBDT_KINDS, PRIMARY, iteration_cap
+from ripieno.framework.benchmark.report import coverage_figure, rank_figure, render, summary
 from ripieno.framework.errors import RipienoInputError
 from ripieno.framework.extras import require
 from ripieno.framework.messages import command_output, get_logger, quiet_lightning
 from ripieno.framework.outputs.output_files import atomic_output
+from ripieno.framework.runner.fingerprints import first_difference
+from ripieno.framework.runner.interrupts import fits_interrupted, join_workers, stop_with_parent
+from ripieno.framework.runner.store_folders import check_folder, claim_folder, folder_name
+from ripieno.framework.tuning.study import quiet_optuna
+from ripieno.framework.tuning.study_storage import ERROR_ATTR, check_storage, open_storage
 
 log = get_logger(__name__)
 
@@ -66,129 +70,172 @@ FIT_WARNINGS = (
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The options of ``ripieno benchmark``."""
-    parser = argparse.ArgumentParser(prog="ripieno benchmark", description=plain(__doc__.split("\n\n")[0]))
-    parser.add_argument(
-        "-c",
-        "--config",
-        required=True,
-        help=f"a benchmark file or a shipped one ({', '.join(list_benchmarks()) or 'none'})",
-    )
-    parser.add_argument(
-        "--out", type=Path, default=None, help="output folder (default runs/benchmark/<name>)"
-    )
-    parser.add_argument(
-        "--storage", default=None, help="a shared store: an Optuna storage URL or journal file"
-    )
-    parser.add_argument("--workers", type=int, default=1, help="processes on this machine sharing the cells")
-    parser.add_argument("--datasets", nargs="+", default=None, help="only these data sets' cells")
-    parser.add_argument("--models", nargs="+", default=None, help="only these models' cells")
-    parser.add_argument(
-        "--retry_failed", action="store_true", help="run again the cells that failed by an error"
-    )
-    parser.add_argument(
-        "--refit_changed",
-        action="store_true",
-        help="fit again the finished cells whose model, data arguments, table or conformal settings"
-        " changed since (without it, such a rerun is refused)",
-    )
-    parser.add_argument(
-        "--report_only", action="store_true", help="write results.csv and report.md, fit nothing"
-    )
-    parser.add_argument(
-        "--heartbeat", type=int, default=30, help="seconds between a running cell's signs of life"
-    )
-    return parser
+@dataclass(frozen=True)
+class BenchmarkOptions:
+    """How a benchmark runs; ``ripieno benchmark`` has one option per field, by the same name and default.
+
+    Args:
+        out: the output folder (default ``runs/benchmark/<name>``).
+        storage: a shared store: an Optuna storage URL or journal file (default: ``benchmark.db`` in ``out``).
+        workers: processes on this machine sharing the cells.
+        datasets: only these data sets' cells (default: all of the file's).
+        models: only these models' cells (default: all of the file's).
+        retry_failed: run again the cells that failed by an error.
+        refit_changed: fit again the finished cells whose model, data arguments, table or conformal
+            settings changed since (without it, such a rerun is refused).
+        report_only: write ``results.csv`` and ``report.md`` from the store, fit nothing.
+        heartbeat: seconds between a running cell's signs of life.
+    """
+
+    out: Path | None = None
+    storage: str | None = None
+    workers: int = 1
+    datasets: Sequence[str] | None = None
+    models: Sequence[str] | None = None
+    retry_failed: bool = False
+    refit_changed: bool = False
+    report_only: bool = False
+    heartbeat: int = 30
+
+    def __post_init__(self) -> None:
+        """``out`` as a path; ``datasets`` / ``models`` as lists (a single name is one name, not letters)."""
+        if self.out is not None:
+            object.__setattr__(self, "out", Path(self.out))
+        for name in ("datasets", "models"):
+            value = getattr(self, name)
+            if isinstance(value, str):
+                object.__setattr__(self, name, [value])
+            elif value is not None:
+                object.__setattr__(self, name, list(value))
 
 
-def benchmark_main(argv: list[str]) -> None:
-    """``ripieno benchmark`` (module docstring); Optuna's own log lines are off while it runs."""
-    verbosity = optuna.logging.get_verbosity()
-    optuna.logging.set_verbosity(optuna.logging.ERROR)
-    try:
-        _benchmark(argv)
-    finally:
-        optuna.logging.set_verbosity(verbosity)
+@dataclass
+class BenchmarkResult:
+    """What a benchmark left: the results table and the files written from its store.
+
+    Args:
+        config: the benchmark file, checked.
+        results: one row per finished cell of the file (``results.csv``; ``state`` COMPLETE or FAILED).
+        out: the output folder.
+        storage: the store's URL.
+        cells: the cells this call was asked to run (after ``datasets`` / ``models``).
+        finished: how many of those have a row (completed, or failed by their own error).
+        complete: how many of those completed.
+        results_csv: ``results.csv``.
+        report: ``report.md`` (``None`` while no cell has finished).
+        figures: ``ranks.png`` and ``coverage.png`` where drawn.
+        interrupted: Ctrl-C stopped the run; the files were written from the store.
+        error: the one-line error that stopped a worker (``None``: none did).
+    """
+
+    config: BenchmarkConfig
+    results: pd.DataFrame
+    out: Path
+    storage: str
+    cells: int
+    finished: int
+    complete: int
+    results_csv: Path
+    report: Path | None = None
+    figures: list[Path] = field(default_factory=list)
+    interrupted: bool = False
+    error: str | None = None
 
 
-def _benchmark(argv: list[str]) -> None:
-    options = build_parser().parse_args(argv)
-    try:
-        plan = _plan(options)
-    except RipienoInputError as error:
-        raise SystemExit(f"ripieno: error: {str(error).splitlines()[0]}") from None
-    config, out, url = plan.config, plan.out, plan.url
-    datasets = list(dict.fromkeys(c.dataset for c in plan.wanted))
-    models = list(dict.fromkeys(c.model for c in plan.wanted))
-    if not options.report_only:
-        log.info(
-            f"ripieno: benchmark {config.name}: {len(datasets)} data sets x {len(models)} models"
-            f" x {len(config.seeds)} seeds = {len(plan.wanted)} cells, protocol {config.protocol};"
-            f" store {url}"
-        )
-    try:
-        claim_folder(out, "benchmark", config.name, "--out", STORE_FILE, options.storage)
-        study = cells.open_study(config, open_storage(url, options.heartbeat))
-        adopted = cells.adopt_unrecorded(study, plan.fingerprints)
-        changed = cells.changed_cells(study, plan.fingerprints)
-    except RipienoInputError as error:
-        raise SystemExit(f"ripieno: error: {str(error).splitlines()[0]}") from None
+def run_benchmark(config: str | Path, **options: Any) -> BenchmarkResult:  # noqa: ANN401 - BenchmarkOptions' fields
+    """Fit every cell of a benchmark file not yet finished; return the results table and report paths.
+
+    Args:
+        config: a benchmark file, or a shipped one (``benchmarks/tabular_cpu``; ``ripieno recipes``
+            lists them).
+        **options: ``BenchmarkOptions``' fields (``out``, ``workers``, ``datasets``, ``models``, ...).
+
+    Returns:
+        The ``BenchmarkResult`` (the results table as ``result.results``).
+
+    Raises:
+        RipienoInputError: a bad option, file, folder or store, or finished cells fitted from other
+            inputs without ``refit_changed``, before any cell is fitted; or the error that stopped a
+            worker, after the files were written.
+        KeyboardInterrupt: Ctrl-C, after the files were written from the store.
+    """
+    chosen = BenchmarkOptions(**options)
+    with quiet_optuna():  # the benchmark says what happens in its own lines, as ``ripieno benchmark`` does
+        found = plan(config, chosen)
+        if not chosen.report_only:
+            log.info(found.start_line())
+        result = execute(found, chosen)
+    if result.interrupted:
+        raise KeyboardInterrupt
+    if result.error is not None:
+        raise RipienoInputError(result.error)
+    return result
+
+
+def execute(found: BenchmarkPlan, options: BenchmarkOptions) -> BenchmarkResult:
+    """Claim the folder, check the store against the plan, fit the cells, write the files from the store.
+
+    A worker's error and Ctrl-C end the fitting, not the call: the files are written and the result
+    says which (``interrupted``, ``error``).
+
+    Raises:
+        RipienoInputError: the folder or store refuses, or finished cells were fitted from other
+            inputs and ``refit_changed`` is off (before anything is fitted).
+    """
+    config, out, url = found.config, found.out, found.url
+    claim_folder(out, "benchmark", config.name, "--out", STORE_FILE, options.storage)
+    study = cells.open_study(config, open_storage(url, options.heartbeat))
+    adopted = cells.adopt_unrecorded(study, found.fingerprints)
+    changed = cells.changed_cells(study, found.fingerprints)
     if adopted:
         log.info(
             f"ripieno: {adopted} finished cells recorded no fingerprint (an older ripieno fitted them);"
             " they are taken as made from this file and checked from here on"
         )
-    wanted_changed = {c.key: changed[c.key] for c in plan.wanted if c.key in changed}
+    wanted_changed = {c.key: changed[c.key] for c in found.wanted if c.key in changed}
+    total = len(found.fingerprints)
     if options.report_only:
         if changed:
             log.info(
                 f"ripieno: {len(changed)} finished cells were fitted from other inputs and are left out"
                 " of the report (--refit_changed fits them again)"
             )
-        write_outputs(config, url, out, options.heartbeat, len(plan.fingerprints), plan.fingerprints)
-        return
+        return write_outputs(config, url, out, options.heartbeat, total, found.fingerprints, found.wanted)
     if wanted_changed and not options.refit_changed:
         key, why = next(iter(wanted_changed.items()))
-        raise SystemExit(
-            f"ripieno: error: {len(wanted_changed)} finished cells of {out} were fitted from other"
-            f" inputs (first: {key}: {why}); run with --refit_changed to fit them again, or give"
-            " another --out for a new benchmark."
+        raise RipienoInputError(
+            f"{len(wanted_changed)} finished cells of {out} were fitted from other inputs (first: {key}:"
+            f" {why}); run with --refit_changed to fit them again, or give another --out for a new benchmark."
         )
     if wanted_changed:
         shown = "; ".join(f"{key} ({why})" for key, why in list(wanted_changed.items())[:5])
         more = f"; and {len(wanted_changed) - 5} more" if len(wanted_changed) > 5 else ""
         count = len(wanted_changed)
         log.info(f"ripieno: --refit_changed: fitting {count} changed cells again: {shown}{more}")
-    stop: str | None = None
+    interrupted, error = False, None
     try:
         with fits_interrupted():
-            run_workers(config, plan.wanted, url, options, plan.fingerprints, wanted_changed)
-    except RipienoInputError as error:
-        stop = f"ripieno: error: {str(error).splitlines()[0]}"
+            run_workers(config, found.wanted, url, options, found.fingerprints, wanted_changed)
+    except RipienoInputError as stop:
+        error = str(stop).splitlines()[0]
     except KeyboardInterrupt:
-        stop = "interrupted"
-    frame = write_outputs(config, url, out, options.heartbeat, len(plan.fingerprints), plan.fingerprints)
-    mine = frame[frame["cell"].isin([c.key for c in plan.wanted])] if len(frame) else frame
-    complete = int((mine["state"] == "COMPLETE").sum()) if len(mine) else 0
-    if stop == "interrupted":
-        raise SystemExit(
-            f"ripieno: interrupted (Ctrl-C): {complete}/{len(plan.wanted)} cells finished and are kept"
-            f" in {url}; the interrupted cell runs again.\n"
-            f"ripieno: continue with: {shlex.join(['ripieno', 'benchmark', *argv])}"
-        )
-    if stop is not None:
-        raise SystemExit(stop)
-    if len(mine) and not complete:
-        raise SystemExit(
-            f"ripieno: error: none of the {len(mine)} cells finished: each failed by its own error"
-            f" ({out / 'results.csv'}, column ripieno_error); fix it and run with --retry_failed."
-        )
+        interrupted = True
+    result = write_outputs(config, url, out, options.heartbeat, total, found.fingerprints, found.wanted)
+    result.interrupted, result.error = interrupted, error
+    return result
 
 
 @dataclass(frozen=True)
-class _Plan:
-    """What a ``ripieno benchmark`` command will do, checked before anything is written."""
+class BenchmarkPlan:
+    """What a benchmark run will do, checked before anything is written.
+
+    Args:
+        config: the benchmark file, checked.
+        wanted: the cells to run here (after ``datasets`` / ``models``).
+        out: the output folder.
+        url: the store's URL.
+        fingerprints: what decides each cell's result, for every cell of the file.
+    """
 
     config: BenchmarkConfig
     wanted: list[cells.Cell]
@@ -196,9 +243,23 @@ class _Plan:
     url: str
     fingerprints: dict[str, dict[str, Any]]
 
+    def start_line(self) -> str:
+        """The line a run starts with: data sets x models x seeds, the protocol and the store."""
+        datasets = list(dict.fromkeys(c.dataset for c in self.wanted))
+        models = list(dict.fromkeys(c.model for c in self.wanted))
+        return (
+            f"ripieno: benchmark {self.config.name}: {len(datasets)} data sets x {len(models)} models"
+            f" x {len(self.config.seeds)} seeds = {len(self.wanted)} cells, protocol {self.config.protocol};"
+            f" store {self.url}"
+        )
 
-def _plan(options: argparse.Namespace) -> _Plan:
+
+def plan(config: str | Path, options: BenchmarkOptions) -> BenchmarkPlan:
     """The file, the cells to run, the output folder and store, each cell's fingerprint; writes nothing.
+
+    Args:
+        config: a benchmark file, or a shipped one's name.
+        options: how it runs.
 
     Raises:
         RipienoInputError: a bad option, file, folder or store (one line).
@@ -207,25 +268,27 @@ def _plan(options: argparse.Namespace) -> _Plan:
         raise RipienoInputError(
             f"--workers and --heartbeat must be at least 1, got {options.workers} and {options.heartbeat}."
         )
-    config, wanted, sources = _load(options)
+    config, wanted, sources = _load(config, options)
     out = options.out or OUT_ROOT / folder_name(config.name)
     url = options.storage or f"sqlite:///{(out / STORE_FILE).resolve()}"
     check_folder(out, "benchmark", config.name, "--out", STORE_FILE, options.storage)
     check_storage(url)
     tables = {d.name: table_identity(config, d.name, sources) for d in config.datasets}
     fingerprints = {c.key: cells.cell_fingerprint(config, c, tables) for c in cells.wanted_cells(config)}
-    return _Plan(config, wanted, out, url, fingerprints)
+    return BenchmarkPlan(config, wanted, out, url, fingerprints)
 
 
-def _load(options: argparse.Namespace) -> tuple[BenchmarkConfig, list[cells.Cell], dict[str, Any]]:
+def _load(
+    path: str | Path, options: BenchmarkOptions
+) -> tuple[BenchmarkConfig, list[cells.Cell], dict[str, Any]]:
     """The benchmark file, checked; the cells to run here; the data class's shipped tables.
 
     ``--datasets`` and ``--models`` narrow the cells.
     """
-    probe = load_benchmark(options.config)
+    probe = load_benchmark(str(path))
     _, module = datamodule_class(probe.data_class, f"benchmark {probe.source}")
     sources = dict(getattr(module, "SOURCES", {}) or {})
-    config = load_benchmark(options.config, known=tuple(sources))
+    config = load_benchmark(str(path), known=tuple(sources))
     for kind in {m.kind for m in config.models} & set(GBDT_KINDS):
         require("benchmark", kind, f"ripieno benchmark's {kind} model")
     datasets = _narrow("--datasets", options.datasets, [d.name for d in config.datasets], config.source)
@@ -246,7 +309,7 @@ def run_workers(
     config: BenchmarkConfig,
     wanted: list[cells.Cell],
     url: str,
-    options: argparse.Namespace,
+    options: BenchmarkOptions,
     fingerprints: dict[str, dict[str, Any]] | None = None,
     refit: dict[str, str] | None = None,
 ) -> None:
@@ -383,24 +446,41 @@ def write_outputs(
     heartbeat: int,
     total: int,
     fingerprints: dict[str, dict[str, Any]] | None = None,
-) -> pd.DataFrame:
+    wanted: Sequence[cells.Cell] | None = None,
+) -> BenchmarkResult:
     """``results.csv``, ``report.md``, ``ranks.png`` and ``coverage.png`` from the store (each atomically).
 
+    Args:
+        config: the benchmark file.
+        url: the store's URL.
+        out: the output folder.
+        heartbeat: seconds between a running cell's signs of life (opening the store).
+        total: the file's cell count (the report says how many finished of it).
+        fingerprints: each cell's current inputs (``results_frame``).
+        wanted: the cells of this run (``BenchmarkResult.complete`` counts those; default: every cell).
+
     Returns:
-        The rows of ``results.csv``.
+        The results table and the files written.
     """
     study = cells.open_study(config, open_storage(url, heartbeat))
     frame = results_frame(config, study, fingerprints)
     out.mkdir(parents=True, exist_ok=True)
     with atomic_output(out / "results.csv", "w") as handle:
         frame.to_csv(handle, index=False, lineterminator="\n")
+    keys = [c.key for c in (wanted if wanted is not None else cells.wanted_cells(config))]
+    mine = frame[frame["cell"].isin(keys)] if len(frame) else frame
+    complete_here = int((mine["state"] == "COMPLETE").sum()) if len(mine) else 0
+    result = BenchmarkResult(config=config, results=frame, out=out, storage=url, cells=len(keys),
+                             finished=len(mine), complete=complete_here,
+                             results_csv=out / "results.csv")
     complete = frame[frame["state"] == "COMPLETE"] if len(frame) else frame
     failed = len(frame) - len(complete)
     if not len(complete):
         log.info(f"ripieno: benchmark {config.name}: no cell finished yet; results {out / 'results.csv'}")
-        return frame
+        return result
     figure = rank_figure(summary(complete), out / "ranks.png")
     coverage = coverage_figure(complete, out / "coverage.png")
+    result.figures = [path for path in (figure, coverage) if path is not None]
     text = render(complete, config.name, figure=figure, total=total, coverage=coverage)
     if failed:
         text += f"\n{failed} cells failed by their own error (results.csv, column ripieno_error).\n"
@@ -412,10 +492,11 @@ def write_outputs(
         )
     with atomic_output(out / "report.md", "w") as handle:
         handle.write(text)
+    result.report = out / "report.md"
     log.info(
         f"ripieno: benchmark {config.name}: {len(complete)}/{total} cells finished"
         + (f", {failed} failed" if failed else "")
         + f"\nripieno: results  {out / 'results.csv'}"
         f"\nripieno: report   {out / 'report.md'}"
     )
-    return frame
+    return result

@@ -32,8 +32,8 @@ from pathlib import Path
 import pandas as pd
 from scipy.stats import rankdata
 
-from ripieno.framework.cli.benchmark.models import GBDT_KINDS, PRIMARY
-from ripieno.framework.cli.benchmark.uncertainty import ECE_BINS
+from ripieno.framework.benchmark.models import GBDT_KINDS, PRIMARY
+from ripieno.framework.benchmark.uncertainty import ECE_BINS
 from ripieno.framework.outputs.output_files import atomic_output
 
 PUBLISHED: dict[str, dict[str, float]] = {

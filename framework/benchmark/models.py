@@ -35,8 +35,8 @@ import numpy as np
 import pandas as pd
 from sklearn.metrics import accuracy_score, log_loss, root_mean_squared_error
 
-from ripieno.framework.cli.benchmark import uncertainty
-from ripieno.framework.cli.benchmark.uncertainty import PREDICTIVE_DISTRIBUTION, ConformalSettings
+from ripieno.framework.benchmark import uncertainty
+from ripieno.framework.benchmark.uncertainty import PREDICTIVE_DISTRIBUTION, ConformalSettings
 from ripieno.framework.errors import RipienoInputError
 from ripieno.framework.extras import require
 from ripieno.framework.methods.gbdt import (

@@ -58,30 +58,34 @@ from lightning.pytorch.strategies import Strategy
 from lightning.pytorch.trainer.states import TrainerStatus
 from typing_extensions import override
 
-from ripieno.framework.cli.checkpoint_request import (  # noqa: F401 - names of this module before
+from ripieno.framework.errors import NonFiniteTrainingError, RipienoDeprecationWarning, exception_chain
+from ripieno.framework.messages import get_logger
+from ripieno.framework.outputs.output_files import check_writable
+from ripieno.framework.runner.checkpoint_request import (  # noqa: F401 - names of this module before
     LIGHTNING_CKPT_NAMES,
     LINKED_MODEL_ARGS,
     CheckpointMismatchError,
     CheckpointRequest,
     LendingCheckpointIO,
 )
-from ripieno.framework.cli.config_errors import ConfigError, explain_config_error
-from ripieno.framework.cli.help_text import plain
-from ripieno.framework.cli.lightning_private import (
+from ripieno.framework.runner.config_errors import ConfigError, explain_config_error
+from ripieno.framework.runner.ddp_trials import FOLLOWER_VARIABLE, PruningFollower
+from ripieno.framework.runner.help_text import plain
+from ripieno.framework.runner.lightning_private import (
     automatic_optimizer_links,
     has_own_checkpoint_io,
     module_type,
 )
-from ripieno.framework.cli.monitor_check import FirstValidationCheck, check_monitors
-from ripieno.framework.cli.nested_nulls import nest_null_overrides
-from ripieno.framework.cli.optimizer_config import Interval, attach_optimizer_config
-from ripieno.framework.cli.process_group_exit import close_process_group_at_exit
-from ripieno.framework.cli.recipes import (  # noqa: F401 - names of this module before
+from ripieno.framework.runner.monitor_check import FirstValidationCheck, check_monitors
+from ripieno.framework.runner.nested_nulls import nest_null_overrides
+from ripieno.framework.runner.optimizer_config import Interval, attach_optimizer_config
+from ripieno.framework.runner.process_group_exit import close_process_group_at_exit
+from ripieno.framework.runner.recipes import (  # noqa: F401 - names of this module before
     CONFIG_FLAGS,
     resolve_config_args,
 )
-from ripieno.framework.cli.resume_check import section_hparams
-from ripieno.framework.cli.run_folders import (
+from ripieno.framework.runner.resume_check import section_hparams
+from ripieno.framework.runner.run_folders import (
     RunConfigSaver,
     claim_logger_versions,
     claim_version,
@@ -89,14 +93,10 @@ from ripieno.framework.cli.run_folders import (
     release_unused,
     use_claimed_versions,
 )
-from ripieno.framework.cli.run_logs import keep_csv_logs, merge_event_files
-from ripieno.framework.cli.section_instantiator import SectionInstantiator
-from ripieno.framework.cli.spawn_results import keep_spawned_results
-from ripieno.framework.cli.tune.ddp_trials import FOLLOWER_VARIABLE, PruningFollower
-from ripieno.framework.cli.yaml_files import YamlFileError, use_bounded_yaml
-from ripieno.framework.errors import NonFiniteTrainingError, RipienoDeprecationWarning, exception_chain
-from ripieno.framework.messages import get_logger
-from ripieno.framework.outputs.output_files import check_writable
+from ripieno.framework.runner.run_logs import keep_csv_logs, merge_event_files
+from ripieno.framework.runner.section_instantiator import SectionInstantiator
+from ripieno.framework.runner.spawn_results import keep_spawned_results
+from ripieno.framework.runner.yaml_files import YamlFileError, use_bounded_yaml
 
 log = get_logger(__name__)
 

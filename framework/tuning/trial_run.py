@@ -25,10 +25,10 @@ import yaml
 from lightning.pytorch.callbacks import ModelCheckpoint
 from typing_extensions import override
 
-from ripieno.framework.cli.command import RipienoCLI, quiet_cli_notices
-from ripieno.framework.cli.lightning_private import dump_config, module_type
-from ripieno.framework.cli.section_instantiator import SectionInstantiator, _resolve
 from ripieno.framework.messages import quiet_lightning
+from ripieno.framework.runner.command import RipienoCLI, quiet_cli_notices
+from ripieno.framework.runner.lightning_private import dump_config, module_type
+from ripieno.framework.runner.section_instantiator import SectionInstantiator, _resolve
 
 QUIET_TRIAL = (
     "--trainer.enable_progress_bar=false",

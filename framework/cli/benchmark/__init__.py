@@ -1,1 +1,0 @@
-"""``ripieno benchmark``: models against each other on many tables (``command``), resumable and shared."""
