@@ -672,7 +672,7 @@ def _counted_fit(family: str, n_steps: int, cfg: Settings, folder: Path, count: 
 
     ours = [Path(m.__file__).parent for m in (ripieno.framework, ripieno.callbacks, ripieno.datamodules)
             if m.__file__ is not None]
-    counter = HostSyncCounter(only_from=ours, not_from=[ours[0] / "cli"])
+    counter = HostSyncCounter(only_from=ours, not_from=[ours[0] / "cli", ours[0] / "runner"])
     steps = [0]
     handle = register_optimizer_step_post_hook(
         lambda *_: steps.__setitem__(0, steps[0] + 1))
