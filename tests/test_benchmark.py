@@ -19,6 +19,7 @@ from ripieno.framework.benchmark.models import scores
 from ripieno.framework.benchmark.report import compare, overall, ranks, summary
 from ripieno.framework.cli.main import main
 from ripieno.framework.runner.recipes import list_recipes
+from ripieno.framework.runner.worker_threads import threads_per_worker
 
 TINY = {"k": 2, "n_blocks": 1, "d_block": 16, "max_epochs": 2, "patience": 2, "n_bins": 8, "batch_size": 128}
 
@@ -137,7 +138,9 @@ def test_two_workers_on_a_journal_file_fit_every_cell_once(tmp_path, tiny_benchm
     storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(journal)))
     trials = optuna.load_study(study_name="benchmark:tiny", storage=storage).get_trials(deepcopy=False)
     assert _complete_per_cell(trials) == {c.key: 1 for c in cells.wanted_cells(load_benchmark(config))}
-    assert len(pd.read_csv(out / "results.csv")) == 8
+    results = pd.read_csv(out / "results.csv")
+    assert len(results) == 8
+    assert (results["threads"] == threads_per_worker(2)).all()  # each worker its share of the cores
 
 
 def test_every_model_runs_on_a_users_csv_with_a_category_and_missing_values(tmp_path):

@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 import optuna
+import torch
 from optuna.storages import RDBStorage
 from optuna.trial import FrozenTrial, Trial, TrialState
 
@@ -310,6 +311,7 @@ def result_attrs(
         **{f"test_{k}": v for k, v in result.test.items()},
         **{f"val_{k}": v for k, v in result.val.items()},
         "seconds": round(result.seconds, 3),
+        "threads": torch.get_num_threads(),  # what the fit ran with (the worker's share of the cores)
         "n_parameters": result.n_parameters,
         "iterations": result.iterations,
         "task": data.task,

@@ -52,6 +52,7 @@ from ripieno.framework.outputs.output_files import atomic_output
 from ripieno.framework.runner.fingerprints import first_difference
 from ripieno.framework.runner.interrupts import fits_interrupted, join_workers, stop_with_parent
 from ripieno.framework.runner.store_folders import check_folder, claim_folder, folder_name
+from ripieno.framework.runner.worker_threads import resolve_threads, thread_plan, worker_threads
 from ripieno.framework.tuning.study import quiet_optuna
 from ripieno.framework.tuning.study_storage import ERROR_ATTR, check_storage, open_storage
 
@@ -85,6 +86,12 @@ class BenchmarkOptions:
             settings changed since (without it, such a rerun is refused).
         report_only: write ``results.csv`` and ``report.md`` from the store, fit nothing.
         heartbeat: seconds between a running cell's signs of life.
+        threads: torch / BLAS / OpenMP threads of each worker, the GBDTs' included (default: the cores
+            divided among the workers, so that workers x threads <= cores; one worker keeps the
+            process's own).
+
+    Raises:
+        RipienoInputError: ``workers``, ``heartbeat`` or ``threads`` under 1.
     """
 
     out: Path | None = None
@@ -96,9 +103,14 @@ class BenchmarkOptions:
     refit_changed: bool = False
     report_only: bool = False
     heartbeat: int = 30
+    threads: int | None = None
 
     def __post_init__(self) -> None:
-        """``out`` as a path; ``datasets`` / ``models`` as lists (a single name is one name, not letters)."""
+        """Numbers checked; ``out`` as a path; ``datasets`` / ``models`` as lists (one name is one name)."""
+        for option, value in (("--workers", self.workers), ("--heartbeat", self.heartbeat),
+                              ("--threads", 1 if self.threads is None else self.threads)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise RipienoInputError(f"{option} must be a whole number of at least 1, got {value!r}.")
         if self.out is not None:
             object.__setattr__(self, "out", Path(self.out))
         for name in ("datasets", "models"):
@@ -163,7 +175,7 @@ def run_benchmark(config: str | Path, **options: Any) -> BenchmarkResult:  # noq
     with quiet_optuna():  # the benchmark says what happens in its own lines, as ``ripieno benchmark`` does
         found = plan(config, chosen)
         if not chosen.report_only:
-            log.info(found.start_line())
+            log.info(found.start_line(chosen))
         result = execute(found, chosen)
     if result.interrupted:
         raise KeyboardInterrupt
@@ -243,14 +255,15 @@ class BenchmarkPlan:
     url: str
     fingerprints: dict[str, dict[str, Any]]
 
-    def start_line(self) -> str:
-        """The line a run starts with: data sets x models x seeds, the protocol and the store."""
+    def start_line(self, options: BenchmarkOptions) -> str:
+        """The line a run starts with: data sets x models x seeds, the protocol, the store, the threads."""
+        threads = thread_plan(options.workers, resolve_threads(options.workers, options.threads))
         datasets = list(dict.fromkeys(c.dataset for c in self.wanted))
         models = list(dict.fromkeys(c.model for c in self.wanted))
         return (
             f"ripieno: benchmark {self.config.name}: {len(datasets)} data sets x {len(models)} models"
             f" x {len(self.config.seeds)} seeds = {len(self.wanted)} cells, protocol {self.config.protocol};"
-            f" store {self.url}"
+            f" store {self.url}; {threads}"
         )
 
 
@@ -264,10 +277,6 @@ def plan(config: str | Path, options: BenchmarkOptions) -> BenchmarkPlan:
     Raises:
         RipienoInputError: a bad option, file, folder or store (one line).
     """
-    if options.workers < 1 or options.heartbeat < 1:
-        raise RipienoInputError(
-            f"--workers and --heartbeat must be at least 1, got {options.workers} and {options.heartbeat}."
-        )
     config, wanted, sources = _load(config, options)
     out = options.out or OUT_ROOT / folder_name(config.name)
     url = options.storage or f"sqlite:///{(out / STORE_FILE).resolve()}"
@@ -313,14 +322,23 @@ def run_workers(
     fingerprints: dict[str, dict[str, Any]] | None = None,
     refit: dict[str, str] | None = None,
 ) -> None:
-    """``--workers`` workers: in this process for one, else in spawned processes (Ctrl-C reaches all)."""
+    """``--workers`` workers: in this process for one, else in spawned processes (Ctrl-C reaches all).
+
+    Each runs with ``resolve_threads(workers, threads)`` torch / BLAS threads (``worker_threads``),
+    which the GBDT fits follow too.
+    """
     args = (config, wanted, url, options.heartbeat, options.retry_failed, fingerprints, refit)
     if options.workers == 1:
-        _worker(*args)
+        if options.threads is None:
+            _worker(*args)
+        else:
+            with worker_threads(options.threads):
+                _worker(*args)
         return
+    threads = resolve_threads(options.workers, options.threads)
     context = multiprocessing.get_context("spawn")
     processes = [
-        context.Process(target=_worker_process, args=args, name=f"ripieno-benchmark-{i}")
+        context.Process(target=_worker_process, args=(threads, *args), name=f"ripieno-benchmark-{i}")
         for i in range(options.workers)
     ]
     for process in processes:
@@ -328,10 +346,13 @@ def run_workers(
     join_workers(processes)
 
 
-def _worker_process(*args: Any) -> None:  # noqa: ANN401 - ``_worker``'s arguments
-    """A spawned worker: messages on stdout, stops with its parent; the parent reports the stop."""
+def _worker_process(threads: int, *args: Any) -> None:  # noqa: ANN401 - ``_worker``'s arguments
+    """A spawned worker with ``threads`` threads.
+
+    Its messages go to stdout and it stops with its parent; the parent reports the stop.
+    """
     stop_with_parent()
-    with command_output():
+    with command_output(), worker_threads(threads):
         try:
             with fits_interrupted():
                 _worker(*args)

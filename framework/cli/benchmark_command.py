@@ -59,6 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="write results.csv and report.md, fit nothing")
     parser.add_argument("--heartbeat", type=int, default=defaults.heartbeat,
                         help="seconds between a running cell's signs of life")
+    parser.add_argument("--threads", type=int, default=defaults.threads,
+                        help="torch / BLAS threads of each worker, the GBDTs' too (default: the cores divided"
+                        " among the workers; one worker keeps the process's own)")
     return parser
 
 
@@ -75,7 +78,7 @@ def _benchmark(argv: list[str]) -> None:
         options = BenchmarkOptions(**fields)
         found = plan(config, options)
         if not options.report_only:
-            log.info(found.start_line())
+            log.info(found.start_line(options))
         result = execute(found, options)
     except RipienoInputError as error:
         raise SystemExit(f"ripieno: error: {str(error).splitlines()[0]}") from None

@@ -104,6 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=defaults.heartbeat,
         help="seconds between a trial's heartbeats; a trial silent for twice this is retried",
     )
+    parser.add_argument("--threads", type=int, default=defaults.threads,
+                        help="torch / BLAS threads of each worker (default: the cores divided among the"
+                        " workers; one worker keeps the process's own)")
     return parser
 
 
@@ -122,7 +125,7 @@ def _tune(argv: list[str]) -> None:
         setup = prepare(config, passed, options)
     except (RipienoInputError, RecipeNotFoundError) as error:
         raise SystemExit(f"ripieno: error: {str(error).splitlines()[0]}") from None
-    log.info(start_line(setup, config))
+    log.info(start_line(setup, config, options))
     try:
         run_study(setup, options)
     except RipienoInputError as error:

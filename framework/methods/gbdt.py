@@ -5,8 +5,9 @@ early-stopped on its validation rows, with the library's native categorical and 
 handling, and returns ``(model, n_parameters, iterations, prepare)``: the fitted model, its tree nodes,
 the trees early stopping kept, and the frame transform its inputs need. Every other setting is the
 library's default unless ``params`` says otherwise (``n_estimators`` is raised to a cap,
-``GBDT_ESTIMATORS_CAP``, so that early stopping, not the default count, ends training). Two
-distributional forms:
+``GBDT_ESTIMATORS_CAP``, so that early stopping, not the default count, ends training, and the
+thread count is the process's torch thread count, which ``ripieno benchmark --workers N`` sets to
+each worker's share of the cores, instead of every core). Two distributional forms:
 
 * CatBoost regression with ``loss_function: RMSEWithUncertainty`` predicts a Gaussian per row
   (``GaussianCatBoost``);
@@ -29,6 +30,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import torch
 
 from ripieno.framework.errors import RipienoInputError
 from ripieno.framework.extras import require
@@ -133,6 +135,7 @@ def fit_xgboost(data: TableSplits, params: dict[str, Any], seed: int) -> tuple[A
         **{
             "n_estimators": GBDT_ESTIMATORS_CAP,
             "enable_categorical": True,
+            "n_jobs": torch.get_num_threads(),  # a worker's share of the cores (runner.worker_threads)
             "early_stopping_rounds": EARLY_STOPPING_ROUNDS,
             **params,
             "random_state": seed,
@@ -180,7 +183,8 @@ def fit_lightgbm(data: TableSplits, params: dict[str, Any], seed: int) -> tuple[
     cls = lightgbm.LGBMRegressor if data.task == "regression" else lightgbm.LGBMClassifier
 
     def fit(extra: dict[str, Any]) -> Any:  # noqa: ANN401 - a fitted LightGBM model
-        model = cls(**{"n_estimators": GBDT_ESTIMATORS_CAP, "verbosity": -1, **params, **extra,
+        model = cls(**{"n_estimators": GBDT_ESTIMATORS_CAP, "verbosity": -1,
+                       "n_jobs": torch.get_num_threads(), **params, **extra,
                        "random_state": seed})
         model.fit(
             prepare(data.features["train"]),
@@ -225,7 +229,7 @@ def fit_catboost(data: TableSplits, params: dict[str, Any], seed: int) -> tuple[
             "early_stopping_rounds": EARLY_STOPPING_ROUNDS,
             "verbose": False,
             "allow_writing_files": False,
-            "thread_count": -1,
+            "thread_count": torch.get_num_threads(),  # not -1 (every core): a worker's share
             **params,
             "random_seed": seed,
         }

@@ -44,6 +44,7 @@ from ripieno.framework.runner.fingerprints import data_files, without_keys
 from ripieno.framework.runner.interrupts import fits_interrupted, join_workers, stop_with_parent
 from ripieno.framework.runner.recipes import RECIPES_DIR, recipe_name
 from ripieno.framework.runner.store_folders import check_folder, claim_folder, folder_name
+from ripieno.framework.runner.worker_threads import resolve_threads, thread_plan, worker_threads
 from ripieno.framework.tuning import results
 from ripieno.framework.tuning.space import SearchSpace, SearchSpaceError, default_space, find_space
 from ripieno.framework.tuning.study_storage import check_storage, counts, open_storage, storage_url
@@ -92,6 +93,8 @@ class TuneOptions:
         pruner_warmup: epochs before the median pruner may stop a trial.
         startup_trials: random trials before TPE (the TabM paper's 20).
         heartbeat: seconds between a trial's heartbeats; a trial silent for twice this is retried.
+        threads: torch / BLAS / OpenMP threads of each worker (default: the cores divided among the
+            workers, so that workers x threads <= cores; one worker keeps the process's own).
 
     Raises:
         RipienoInputError: a value out of its range, in one line naming it.
@@ -111,6 +114,7 @@ class TuneOptions:
     pruner_warmup: int = 2
     startup_trials: int = 20
     heartbeat: int = 30
+    threads: int | None = None
 
     def __post_init__(self) -> None:
         """Every number in its range and every choice known; one line naming the first that is not."""
@@ -121,6 +125,7 @@ class TuneOptions:
             "--pruner_warmup": (self.pruner_warmup, 0),
             "--startup_trials": (self.startup_trials, 0),
             "--final_seeds": (self.final_seeds, 0),
+            **({"--threads": (self.threads, 1)} if self.threads is not None else {}),
         }
         for option, (value, low) in at_least.items():
             if isinstance(value, bool) or not isinstance(value, int):
@@ -239,7 +244,7 @@ def tune(
     chosen = TuneOptions(**options)
     with quiet_optuna():  # the study says what happens in its own lines, as ``ripieno tune`` does
         setup = prepare(config, overrides, chosen)
-        log.info(start_line(setup, config))
+        log.info(start_line(setup, config, chosen))
         try:
             run_study(setup, chosen)
         except KeyboardInterrupt:
@@ -297,12 +302,16 @@ def _names(config: str | Path | Sequence[str | Path]) -> list[str]:
     return [str(config)] if isinstance(config, str | Path) else [str(c) for c in config]
 
 
-def start_line(setup: TuneSetup, config: str | Path | Sequence[str | Path]) -> str:
-    """The line a study starts with: its name, trials, recipes (as ``config`` names them), objective."""
+def start_line(setup: TuneSetup, config: str | Path | Sequence[str | Path], options: TuneOptions) -> str:
+    """The line a study starts with.
+
+    Its name, trials, recipes (as ``config`` names them), objective, storage and the workers' threads.
+    """
+    threads = thread_plan(options.workers, resolve_threads(options.workers, options.threads))
     return (
         f"ripieno: study {setup.study_name}: {setup.n_trials} trials of {' '.join(_names(config))},"
         f" {setup.monitor} {setup.direction[:3]}imised, space {setup.space.name or setup.space.source}"
-        f" ({len(setup.space.params)} keys); storage {setup.storage}"
+        f" ({len(setup.space.params)} keys); storage {setup.storage}; {threads}"
     )
 
 
@@ -316,7 +325,7 @@ def run_study(setup: TuneSetup, options: TuneOptions) -> None:
     claim_folder(setup.study_dir, "tune", setup.study_name, "--study_dir", STORE_FILE, options.storage)
     load_study(setup, announce=True)  # created here, or checked: what made it is what runs now
     with fits_interrupted():
-        run_workers(setup, options.workers)
+        run_workers(setup, options.workers, options.threads)
 
 
 def write_results(setup: TuneSetup, options: TuneOptions, *, interrupted: bool = False) -> TuneResult:
@@ -380,18 +389,24 @@ def _objective(config: dict[str, Any], configs: list[str]) -> tuple[str, str]:
     )
 
 
-def run_workers(setup: TuneSetup, workers: int) -> None:
+def run_workers(setup: TuneSetup, workers: int, threads: int | None = None) -> None:
     """Run ``workers`` workers on this machine: in this process for one, else in spawned processes.
 
+    Each runs with ``resolve_threads(workers, threads)`` torch / BLAS threads (``worker_threads``).
     On Ctrl-C the spawned workers are interrupted too and waited for (``join_workers``), so that
     each marks its running trial to run again before the report is written.
     """
     if workers == 1:
-        run_worker(setup)
+        if threads is None:
+            run_worker(setup)
+        else:
+            with worker_threads(threads):
+                run_worker(setup)
         return
+    each = resolve_threads(workers, threads)
     context = multiprocessing.get_context("spawn")
     processes = [
-        context.Process(target=_worker_process, args=(setup, index), name=f"ripieno-tune-{index}")
+        context.Process(target=_worker_process, args=(setup, index, each), name=f"ripieno-tune-{index}")
         for index in range(workers)
     ]
     for process in processes:
@@ -399,10 +414,13 @@ def run_workers(setup: TuneSetup, workers: int) -> None:
     join_workers(processes)
 
 
-def _worker_process(setup: TuneSetup, index: int) -> None:
-    """A spawned worker: its messages on stdout, like the command's; it stops when its parent dies."""
+def _worker_process(setup: TuneSetup, index: int, threads: int) -> None:
+    """A spawned worker with ``threads`` threads.
+
+    Its messages go to stdout, like the command's; it stops when its parent dies.
+    """
     stop_with_parent()
-    with command_output(), quiet_optuna():
+    with command_output(), quiet_optuna(), worker_threads(threads):
         try:
             with fits_interrupted():
                 run_worker(setup)
