@@ -44,13 +44,30 @@ Where LoMETab's cost goes, and what is left of the gap
     scaled by the columns of ``B_k`` (about ``rank + 1`` times TabM's multiply-adds);
     ``auto`` picks it only for small ``batch * (rank + 1)``.
 
-Run: ``python bench/tabm_full_model.py`` (``make bench`` runs it with the others).
+Under load (``--load``)
+    The same table from fresh processes, three quiet and three beside a fixed concurrent load (a
+    2-thread 1024 x 1024 float32 GEMM loop in another process, started before the measuring
+    process, so that its thin-product timings are taken under the load too), alternating; each
+    run ``--rounds`` rounds (default 9 here). Printed side by side: each variant's median ratio in
+    every run. Then, for every thin-product key of the LoMETab layers (``thin_products``): which
+    orientation is fast (timed quietly, 15 paired rounds), how many of each run's choices were the
+    slow one, and 20 fresh decisions under the load by the current rule (paired rounds, median,
+    margin) and by the rule before it (the best of two timings of each side, one after the other).
+
+Run: ``python bench/tabm_full_model.py`` (``make bench`` runs it with the others);
+``python bench/tabm_full_model.py --load`` for the quiet / loaded comparison (about 10 minutes).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
 
 import rtdl_num_embeddings as rne
 import tabm
@@ -58,13 +75,17 @@ import torch
 import torch.nn.functional as F
 from torch.utils import benchmark
 
-from ripieno.framework.nn import TabularEnsembleNet
+from ripieno.framework.nn import TabularEnsembleNet, thin_products
 from ripieno.framework.nn.ensemble_linear import (
     EnsembleLinear,
     _low_rank,
     lometab_member_chunk,
 )
 from ripieno.framework.nn.thin_products import thin_matmul
+
+LOAD = ("import torch; torch.set_num_threads(2); a = torch.full((1024, 1024), 0.5)\n"
+        "while True:\n    a @ a")
+"""The fixed concurrent load: a 2-thread GEMM loop, what another job on the same cores looks like."""
 
 
 def _bins(n_features: int, n_bins: int, rows: torch.Tensor) -> list[torch.Tensor]:
@@ -148,6 +169,92 @@ def model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=7)
 
 
+def _child(args: argparse.Namespace, rounds: int) -> dict[str, object]:
+    """One run of this script in a fresh process; its ratios and thin-product choices."""
+    command = [sys.executable, __file__, "--json", "--rounds", str(rounds), "--steps", str(args.steps),
+               "--k", str(args.k), "--d", str(args.d), "--blocks", str(args.blocks),
+               "--batch", str(args.batch)]
+    done = subprocess.run(command, capture_output=True, text=True, check=True)
+    (line,) = [line for line in done.stdout.splitlines() if line.startswith("JSON ")]
+    return json.loads(line[5:])
+
+
+def _old_rule(plain: Callable[[], object], swapped: Callable[[], object]) -> float:
+    """The rule before paired rounds: best of two timings of each side after a warm-up, plain first."""
+    def best(fn: Callable[[], object]) -> float:
+        fn()
+        fastest = math.inf
+        for _ in range(2):
+            start = time.perf_counter()
+            fn()
+            fastest = min(fastest, time.perf_counter() - start)
+        return fastest
+    return best(plain) / best(swapped)
+
+
+def _key_functions(key: list[object]) -> tuple[Callable[[], object], Callable[[], object]]:
+    shape, transposed, columns, dtype = key
+    dtype = getattr(torch, str(dtype).removeprefix("torch."))
+    if transposed:
+        big = torch.full((*shape[:-2], shape[-1], shape[-2]), 0.5, dtype=dtype).mT
+    else:
+        big = torch.full(tuple(shape), 0.5, dtype=dtype)
+    thin = torch.full((*shape[:-2], shape[-1], columns), 0.25, dtype=dtype)
+    return (lambda: torch.matmul(big, thin)), (lambda: thin_products._swapped(big, thin))
+
+
+def compare_under_load(args: argparse.Namespace) -> None:
+    """Three quiet and three loaded runs side by side, then the thin-product choices under the load."""
+    rounds = args.rounds if args.rounds != 15 else 9
+    runs: list[tuple[str, dict[str, object]]] = []
+    for index in range(3):
+        runs.append((f"quiet {index + 1}", _child(args, rounds)))
+        load = subprocess.Popen([sys.executable, "-c", LOAD])
+        try:
+            time.sleep(2)  # the load is running before the measuring process starts
+            runs.append((f"loaded {index + 1}", _child(args, rounds)))
+        finally:
+            load.kill()
+            load.wait()
+    names = list(runs[0][1]["ratios"])
+    print(f"one training step, K={args.k}, d_block={args.d}, {args.blocks} blocks, batch {args.batch};"
+          f" each cell the median of {rounds} paired per-round ratios to the tabm package's TabM in that run;"
+          " loaded: beside a 2-thread GEMM loop")
+    order = [r for r in runs if r[0].startswith("quiet")] + [r for r in runs if r[0].startswith("loaded")]
+    print(f"{'variant':<36}" + "".join(f"{name:>10}" for name, _ in order))
+    for name in names:
+        print(f"{name:<36}" + "".join(f"{run['ratios'][name]:>10.2f}" for _, run in order))
+    keys = {json.dumps(c[:4]): c[:4] for _, run in runs for c in run["choices"]}
+    truth = {k: thin_products.paired_ratio(*_key_functions(key), rounds=15) for k, key in keys.items()}
+    slow = {label: sum(1 for c in run["choices"] if c[4] != (truth[json.dumps(c[:4])] < 1)
+                       and abs(math.log(truth[json.dumps(c[:4])])) > math.log(thin_products.PLAIN_MARGIN))
+            for label, run in runs}
+    print(f"thin-product keys: {len(keys)}; the fast orientation timed quietly (15 paired rounds): plain on"
+          f" {sum(r < 1 for r in truth.values())}, transposed on {sum(r >= 1 for r in truth.values())};"
+          f" plain / transposed time {min(truth.values()):.2f}-{max(truth.values()):.2f}")
+    print("choices of the slow orientation (where the two are more than the margin apart), per run: "
+          + ", ".join(f"{label} {count}" for label, count in slow.items()))
+    load = subprocess.Popen([sys.executable, "-c", LOAD])
+    try:
+        time.sleep(2)
+        wrong_new = wrong_old = 0
+        for k, key in keys.items():
+            fast_plain = truth[k] < 1
+            if abs(math.log(truth[k])) <= math.log(thin_products.PLAIN_MARGIN):
+                continue  # within the margin either choice costs little
+            for _ in range(20):
+                plain, swapped = _key_functions(key)
+                margin = thin_products.PLAIN_MARGIN
+                wrong_new += (thin_products.paired_ratio(plain, swapped) * margin < 1) != fast_plain
+                wrong_old += (_old_rule(plain, swapped) * margin < 1) != fast_plain
+    finally:
+        load.kill()
+        load.wait()
+    decided = 20 * sum(abs(math.log(r)) > math.log(thin_products.PLAIN_MARGIN) for r in truth.values())
+    print(f"fresh decisions under the load, slow orientation chosen: paired rounds (now) {wrong_new} of"
+          f" {decided}, best of two (before) {wrong_old} of {decided}")
+
+
 def main() -> None:
     """Print the table (see the module docstring)."""
     parser = argparse.ArgumentParser(description=__doc__,
@@ -155,8 +262,14 @@ def main() -> None:
     model_arguments(parser)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--steps", type=int, default=2, help="consecutive steps per timed sample")
+    parser.add_argument("--load", action="store_true",
+                        help="3 quiet and 3 loaded runs in fresh processes, side by side (module docstring)")
+    parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # a --load run's child
     parser.set_defaults(rounds=15)
     args = parser.parse_args()
+    if args.load:
+        compare_under_load(args)
+        return
     device = torch.device(args.device)
     torch.manual_seed(0)
     cards, n_classes, bins, x_num, x_cat, y = synthetic_batch(args, device)
@@ -219,6 +332,12 @@ def main() -> None:
           f" activations (x * r_k, * s_k and their gradients), which LoMETab has not, offset part of it")
     print(f"the same six elementwise passes over all {args.k} members at once (out of cache):"
           f" {stream_ms:.1f} ms")
+    if args.json:  # for compare_under_load: the median ratios and the thin-product choices made
+        ratios = {name: statistics.median(t / b for t, b in zip(times[name], base_times, strict=False))
+                  for name in variants if name not in apart}
+        choices = [[list(key[0]), key[1], key[2], str(key[3]), choice.plain]
+                   for key, choice in thin_products._CHOICES.items()]
+        print("JSON " + json.dumps({"ratios": ratios, "choices": choices}))
 
 
 if __name__ == "__main__":

@@ -209,25 +209,54 @@ def test_lome_matmul_grads_in_both_thin_orientations(monkeypatch, plain):
             torch.testing.assert_close(g, e, rtol=1e-12, atol=1e-12)
 
 
-def test_thin_orientation_is_timed_once_per_key_without_drawing_random_numbers(monkeypatch):
-    monkeypatch.setattr(thin_products, "_PLAIN_FASTER", {})
+def test_thin_orientation_is_timed_per_key_without_drawing_random_numbers(monkeypatch):
+    monkeypatch.setattr(thin_products, "_CHOICES", {})
     timed = []
-    original = thin_products._best_seconds
-    monkeypatch.setattr(thin_products, "_best_seconds", lambda fn: timed.append(fn) or original(fn, 1))
+    original = thin_products._time_key
+    monkeypatch.setattr(thin_products, "_time_key",
+                        lambda a, columns: timed.append(a.shape) or original(a, columns))
     g = torch.zeros(2, 16, 8)
     state = torch.get_rng_state()
     first = thin_products.plain_is_faster(g, 4)
-    assert thin_products.plain_is_faster(g, 4) is first and len(timed) == 2  # both orientations, cached
+    assert thin_products.plain_is_faster(g, 4) is first and len(timed) == 1  # both orientations, once
     thin_products.plain_is_faster(torch.zeros(2, 16, 8, dtype=torch.float64), 4)  # another dtype
     thin_products.plain_is_faster(torch.zeros(2, 8, 16).mT, 4)  # another layout
-    assert len(timed) == 6 and len(thin_products._PLAIN_FASTER) == 3
+    assert len(timed) == 3 and len(thin_products._CHOICES) == 3
     assert torch.equal(torch.get_rng_state(), state)
     for a, b in ((torch.randn(2, 8, 16).mT, torch.randn(2, 8, 3)), (torch.randn(30, 7).T, torch.randn(30, 2)),
                  (torch.randn(30, 7), torch.randn(7, 200))):  # batched, 2-D, and a wide b (not timed)
         for plain in (False, True):
             monkeypatch.setattr(thin_products, "plain_is_faster", lambda a, columns, p=plain: p)
             torch.testing.assert_close(thin_products.thin_matmul(a, b), a @ b)
-    assert len(timed) == 6
+    assert len(timed) == 3
+
+
+def test_a_key_is_timed_again_and_switches_only_past_the_margin(monkeypatch):
+    """Hysteresis: one noisy timing never flips the choice; a clear win by the margin does."""
+    monkeypatch.setattr(thin_products, "_CHOICES", {})
+    margin = thin_products.PLAIN_MARGIN
+    ratios = iter([1.0,  # first timing: on par, so the transposed form (the first choice) stays
+                   1 / margin * 1.05,  # use 16: plain faster, but not by the margin: no switch
+                   1 / margin * 0.9,  # use 256: plain faster by more than the margin: switch
+                   margin * 0.95])  # use 4096: transposed faster, within the margin: plain stays
+    timings = []
+    monkeypatch.setattr(thin_products, "_time_key", lambda a, columns: timings.append(1) or next(ratios))
+    a = torch.zeros(3, 8, 8)
+    choices = [thin_products.plain_is_faster(a, 2) for _ in range(5000)]
+    assert len(timings) == 1 + len(thin_products.RETIME_AT)  # the first use and the three re-timings
+    assert choices[:256] == [False] * 256 and choices[256:] == [True] * (5000 - 256)  # the 257th use switched
+    assert thin_products._CHOICES[((3, 8, 8), False, 2, torch.float32)].ratios == pytest.approx(
+        (1.0, 1 / margin * 1.05, 1 / margin * 0.9, margin * 0.95))
+
+
+def test_a_slow_spell_in_one_round_does_not_decide(monkeypatch):
+    """Paired rounds: a preemption that slows one call moves one round's ratio, not the median."""
+    spans = iter([5.0, 1.0,  # round 0: plain then swapped
+                  1.0, 5.0,  # round 1: swapped then plain
+                  5.0, 40.0,  # round 2: the swapped call was preempted
+                  1.0, 5.0, 5.0, 1.0])
+    monkeypatch.setattr(thin_products, "_seconds", lambda fn: next(spans))
+    assert thin_products.paired_ratio(lambda: None, lambda: None, rounds=5) == 5.0  # plain 5x slower
 
 
 def test_lome_matmul_gradcheck_forward_mode():
