@@ -81,6 +81,7 @@ bench: $(STAMP)  ## Speed/memory tables with ratios measured side by side.
 	$(BIN)/python bench/loes_selection.py
 	$(BIN)/python bench/tune_overhead.py
 	$(BIN)/python bench/benchmark_workers.py
+	$(BIN)/python bench/fit_cost.py
 	$(BIN)/python bench/cli_startup.py --importtime
 
 sweep: $(STAMP)  ## (rank, sigma_init) diversity grid and LoMETab-vs-additive diversity curves.

@@ -91,7 +91,7 @@ def split(rows: int, epochs: int) -> dict[str, float]:
         "compute": sum_of("run_training_batch") - logged["training"],
         "validation": sum_of("validation_step", "on_validation_epoch_end", "on_validation_epoch_start")
         - logged["validation"],
-        "checkpoints": sum_of("save_checkpoint", "ModelCheckpoint"),
+        "checkpoints": sum_of("save_checkpoint", "ModelCheckpoint", "BestWeights"),
         "logging": logged["training"] + logged["validation"],
         "data": sum_of("train_dataloader_next", "val_next", "batch_to_device"),
     }

@@ -44,6 +44,7 @@ from torch.utils.data import DataLoader
 
 from ripieno.framework.errors import RipienoInputError
 from ripieno.framework.messages import quiet_lightning
+from ripieno.framework.methods.best_weights import BestWeights
 from ripieno.framework.methods.tabular_ensemble import TabularEnsembleModule
 from ripieno.framework.nn.embeddings import compute_bins
 from ripieno.framework.specs.tabular import TabularSpec
@@ -424,25 +425,27 @@ class _TabularEnsembleEstimator(BaseEstimator):
                 tempfile.TemporaryDirectory(prefix="ripieno-estimator-") as folder:
             torch.manual_seed(seed)
             model = TabularEnsembleModule(spec, **self._module_kwargs())
-            checkpoint = ModelCheckpoint(dirpath=folder, monitor="val/loss", mode="min",
-                                         save_weights_only=True)
+            best = BestWeights(monitor="val/loss", mode="min")  # in memory: nothing of a fit outlives it
             verbose = bool(self.verbose)
             kwargs = {"max_epochs": int(self.max_epochs), "logger": False, "enable_progress_bar": verbose,
                       "enable_model_summary": verbose, "num_sanity_val_steps": 0,
                       "accelerator": "cpu", "deterministic": True, "default_root_dir": folder,
                       **(self.trainer_kwargs or {})}
+            own = list(kwargs.pop("callbacks", []))
+            if not any(isinstance(callback, ModelCheckpoint) for callback in own):
+                kwargs.setdefault("enable_checkpointing", False)  # no default ModelCheckpoint writing files
             stopping = EarlyStopping(monitor="val/loss", mode="min", patience=int(self.patience))
-            callbacks = [stopping, checkpoint, *kwargs.pop("callbacks", [])]
+            callbacks = [stopping, best, *own]
             trainer = L.Trainer(callbacks=callbacks, **kwargs)
+            # what nothing in an estimator's fit reads (a user's logger or the progress bar keep them)
+            model.log_loss_columns = bool(trainer.loggers) or trainer.progress_bar_callback is not None
+            model.validation_metrics = model.log_loss_columns
             generator = torch.Generator().manual_seed(seed)
             trainer.fit(model, self._loader(train, y_train, shuffle=True, generator=generator),
                         self._loader(val, y_val, shuffle=False))
-            if checkpoint.best_model_path:
-                state = torch.load(checkpoint.best_model_path, map_location="cpu", weights_only=True)
-                model.load_state_dict(state["state_dict"])
+            best.restore(model)
             self.n_epochs_ = trainer.current_epoch
-            self.best_score_ = float(checkpoint.best_model_score) if checkpoint.best_model_score is not None \
-                else float("nan")
+            self.best_score_ = best.best_score if best.best_score is not None else float("nan")
         model.trainer = None  # type: ignore[assignment]  # detach: the estimator pickles without it
         return model.cpu().eval()
 

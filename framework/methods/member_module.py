@@ -67,10 +67,21 @@ class MemberModule(LossTermsMixin, RNGStateMixin, L.LightningModule):
         member_output_kind: how to read ``member_outputs`` (``logits``, ``binary_logits``
             or ``regression``).
         n_classes: classes of a classification module (``None`` for regression).
+        log_loss_columns: whether ``training_step`` logs the ``train/loss_step`` and
+            ``train/loss_epoch`` columns, which only loggers and the progress bar read
+            (``train/loss``, the epoch mean that monitors read, is always logged). The
+            scikit-learn estimators, which run with neither, turn it off: three ``self.log``
+            calls a step were 4% of a small benchmark fit (``bench/fit_cost.py``).
+        validation_metrics: whether validation updates and logs the task's metrics beside
+            ``val/loss``; the estimators, whose early stopping reads only ``val/loss`` and which
+            score their own predictions, turn it off (updating, computing and logging five
+            metrics an epoch was another few percent of that fit).
     """
 
     member_output_kind: MemberOutputKind = "logits"
     n_classes: int | None = None
+    log_loss_columns: bool = True
+    validation_metrics: bool = True
 
     def init_members(self, kind: MemberOutputKind, n_classes: int | None = None) -> None:
         """Declare how member outputs read and build the per-stage metrics.
@@ -258,8 +269,9 @@ class MemberModule(LossTermsMixin, RNGStateMixin, L.LightningModule):
         # Lightning 2.6 all-reduces an on_step value at every step when sync_dist=True, so the step value
         # stays per rank and only the epoch mean is reduced across ranks, once per epoch. The logged columns
         # keep Lightning's names for an on_step + on_epoch value; train/loss is the epoch mean for monitors.
-        self.log("train/loss_step", loss, prog_bar=True, on_step=True, on_epoch=False, batch_size=n)
-        self.log("train/loss_epoch", loss, on_step=False, on_epoch=True, batch_size=n, sync_dist=True)
+        if self.log_loss_columns:
+            self.log("train/loss_step", loss, prog_bar=True, on_step=True, on_epoch=False, batch_size=n)
+            self.log("train/loss_epoch", loss, on_step=False, on_epoch=True, batch_size=n, sync_dist=True)
         self.log("train/loss", loss, on_step=False, on_epoch=True, batch_size=n, sync_dist=True, logger=False)
         return _detached(out)
 
@@ -278,7 +290,13 @@ class MemberModule(LossTermsMixin, RNGStateMixin, L.LightningModule):
         """The validation/test template: step, update the stage's metrics, log."""
         out = self.step(batch, stage)
         metrics = self.metrics[f"{stage}_"]
-        n = self.update_metrics(metrics, out)
+        if stage == "val" and not self.validation_metrics:
+            metrics = {}
+            target = out["target"]
+            scored = None if self.member_output_kind == "regression" else self.scored_rows(target)
+            n = len(target) if scored is None else int(len(target[scored]))
+        else:
+            n = self.update_metrics(metrics, out)
         if n > 0:
             if "loss" in out:
                 self.log(f"{stage}/loss", out["loss"], prog_bar=stage == "val", batch_size=n,
