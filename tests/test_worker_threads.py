@@ -43,6 +43,8 @@ def test_worker_threads_limits_torch_and_blas_and_restores_them():
         assert torch.get_num_threads() == 1
         assert all(pool["num_threads"] == 1 for pool in threadpool_info())
     assert torch.get_num_threads() == before
+    with worker_threads(None):  # one worker in the caller's process: its threads as they are
+        assert torch.get_num_threads() == before
 
 
 def _table(n: int = 300) -> TableSplits:

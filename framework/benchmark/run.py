@@ -329,11 +329,8 @@ def run_workers(
     """
     args = (config, wanted, url, options.heartbeat, options.retry_failed, fingerprints, refit)
     if options.workers == 1:
-        if options.threads is None:
+        with worker_threads(options.threads):
             _worker(*args)
-        else:
-            with worker_threads(options.threads):
-                _worker(*args)
         return
     threads = resolve_threads(options.workers, options.threads)
     context = multiprocessing.get_context("spawn")

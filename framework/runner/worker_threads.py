@@ -65,11 +65,15 @@ def thread_plan(workers: int, threads: int, cores: int | None = None) -> str:
 
 
 @contextmanager
-def worker_threads(threads: int) -> Iterator[None]:
+def worker_threads(threads: int | None) -> Iterator[None]:
     """Torch's intra-op threads and every BLAS / OpenMP pool limited to ``threads`` in the block.
 
-    Restored afterwards (a worker in the user's own process leaves it as it found it).
+    Restored afterwards (a worker in the user's own process leaves it as it found it); ``None``
+    leaves them as they are (one worker in the caller's process, no ``threads`` given).
     """
+    if threads is None:
+        yield
+        return
     from threadpoolctl import threadpool_limits  # scikit-learn's dependency: on every install
 
     before = torch.get_num_threads()

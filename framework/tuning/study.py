@@ -397,11 +397,8 @@ def run_workers(setup: TuneSetup, workers: int, threads: int | None = None) -> N
     each marks its running trial to run again before the report is written.
     """
     if workers == 1:
-        if threads is None:
+        with worker_threads(threads):
             run_worker(setup)
-        else:
-            with worker_threads(threads):
-                run_worker(setup)
         return
     each = resolve_threads(workers, threads)
     context = multiprocessing.get_context("spawn")
